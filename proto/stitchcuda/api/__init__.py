@@ -1,0 +1,1 @@
+"""Versioned protobuf contracts (generated *_pb2 modules live beside the .proto files)."""

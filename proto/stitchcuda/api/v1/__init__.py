@@ -1,0 +1,1 @@
+"""Version 1 of the StitchCUDA contracts."""

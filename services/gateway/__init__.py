@@ -1,0 +1,1 @@
+"""Gateway: the gRPC and HTTP front over one transport-free JobService."""

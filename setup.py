@@ -1,0 +1,21 @@
+"""Maps the repository's folders onto the one import name `stitchcuda` (docs/adr/0001-layout.md)."""
+
+from setuptools import find_packages, setup
+
+ROOTS = {
+    "stitchcuda": "services",
+    "stitchcuda.shared": "shared",
+    "stitchcuda.api": "proto/stitchcuda/api",
+    "stitchcuda.training": "training",
+}
+
+packages: list[str] = []
+package_dir: dict[str, str] = {}
+for name, path in ROOTS.items():
+    package_dir[name] = path
+    packages.append(name)
+    packages.extend(f"{name}.{sub}" for sub in find_packages(path))
+
+DATA = ["py.typed", "*.proto", "*.j2", "*.md", "*.txt", "*.json", "*.cu", "*.cuh", "*.cpp", "*.h", "*.html"]
+
+setup(packages=packages, package_dir=package_dir, package_data=dict.fromkeys(packages, DATA))

@@ -1,0 +1,1 @@
+"""The common library every StitchCUDA service shares: settings, errors, ports, loop policy."""

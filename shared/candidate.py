@@ -1,0 +1,237 @@
+"""The candidate program format: files plus a build manifest, and its conversions to and from files.
+
+A candidate's `model_new.py` defines `class ModelNew(nn.Module)` and reaches its compiled extension
+through one top-level line, `import <extension_name> as ext`. The Verifier builds the extension itself
+and puts it on the import path; `export_standalone` turns the same file into a self-contained
+KernelBench-style module that JIT-builds the sources with torch.utils.cpp_extension.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+from stitchcuda.api.v1 import code_pb2
+from stitchcuda.shared.artifacts import sha256_hex
+from stitchcuda.shared.errors import InvalidRequest
+
+ENTRY = "model_new.py"
+MANIFEST = "manifest.json"
+SOURCE_SUFFIXES = (".cpp", ".cc", ".cu", ".cuh", ".h", ".hpp")
+
+
+def import_line(extension_name: str) -> str:
+    return f"import {extension_name} as ext"
+
+
+def content_hash(candidate: code_pb2.Candidate) -> str:
+    parts: list[str] = [candidate.build.SerializeToString(deterministic=True).hex()]
+    for f in sorted(candidate.files, key=lambda f: f.path):
+        parts += [f.path, f.content]
+    return sha256_hex(*parts)
+
+
+def file_map(candidate: code_pb2.Candidate) -> dict[str, str]:
+    return {f.path: f.content for f in candidate.files}
+
+
+def write_dir(candidate: code_pb2.Candidate, root: Path) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    for f in candidate.files:
+        path = root / f.path
+        if ".." in Path(f.path).parts or Path(f.path).is_absolute():
+            raise InvalidRequest(f"candidate file path escapes its folder: {f.path}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f.content)
+    manifest = {
+        "extension_name": candidate.build.extension_name,
+        "sources": list(candidate.build.sources),
+        "cflags": list(candidate.build.cflags),
+        "cuda_cflags": list(candidate.build.cuda_cflags),
+        "ldflags": list(candidate.build.ldflags),
+        "backend": candidate.build.backend,
+    }
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def read_dir(root: Path) -> code_pb2.Candidate:
+    """Reads a candidate folder (model_new.py, sources, manifest.json)."""
+    manifest_path = root / MANIFEST
+    if not manifest_path.is_file():
+        raise InvalidRequest(f"{root} has no {MANIFEST}")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        build = code_pb2.BuildManifest(**manifest)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest(f"{manifest_path}: {exc}") from exc
+    files = []
+    for path in sorted(root.rglob("*")):
+        if (
+            path.is_file()
+            and path.name != MANIFEST
+            and (path.suffix in SOURCE_SUFFIXES or path.suffix == ".py")
+        ):
+            files.append(
+                code_pb2.SourceFile(path=path.relative_to(root).as_posix(), content=path.read_text())
+            )
+    cand = code_pb2.Candidate(schema_version=1, files=files, build=build, entry=ENTRY)
+    validate(cand)
+    return cand
+
+
+def validate(candidate: code_pb2.Candidate) -> None:
+    files = file_map(candidate)
+    entry = candidate.entry or ENTRY
+    if entry not in files:
+        raise InvalidRequest(f"candidate has no {entry}")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,100}", candidate.build.extension_name):
+        raise InvalidRequest(f"invalid extension name: {candidate.build.extension_name!r}")
+    if candidate.build.backend not in ("cpu", "cuda"):
+        raise InvalidRequest(f"build backend must be cpu or cuda, not {candidate.build.backend!r}")
+    for src in candidate.build.sources:
+        if src not in files:
+            raise InvalidRequest(f"build source {src} is not among the candidate's files")
+
+
+def export_standalone(candidate: code_pb2.Candidate) -> str:
+    """model_new.py rewritten to build its own extension from sources embedded in the file."""
+    files = file_map(candidate)
+    entry = files[candidate.entry or ENTRY]
+    name = candidate.build.extension_name
+    embedded = {src: files[src] for src in candidate.build.sources}
+    # Headers the sources include travel with them.
+    embedded.update({p: c for p, c in files.items() if p.endswith((".h", ".cuh", ".hpp"))})
+    src_dir = "stitchcuda-" + content_hash(candidate)[:16]
+    loader = "\n".join(
+        [
+            "import os as _os",
+            "import tempfile as _tempfile",
+            "",
+            "from torch.utils.cpp_extension import load as _load",
+            "",
+            f"_SOURCES = {embedded!r}",
+            f"_SRC_DIR = _os.path.join(_tempfile.gettempdir(), {src_dir!r})",
+            "_os.makedirs(_SRC_DIR, exist_ok=True)",
+            "for _path, _text in _SOURCES.items():",
+            "    with open(_os.path.join(_SRC_DIR, _path), 'w') as _fh:",
+            "        _fh.write(_text)",
+            "ext = _load(",
+            f"    name={name!r},",
+            f"    sources=[_os.path.join(_SRC_DIR, s) for s in {list(candidate.build.sources)!r}],",
+            f"    extra_cflags={list(candidate.build.cflags)!r},",
+            f"    extra_cuda_cflags={list(candidate.build.cuda_cflags)!r},",
+            f"    extra_ldflags={list(candidate.build.ldflags)!r},",
+            "    verbose=False,",
+            ")",
+        ]
+    )
+    line = import_line(name)
+    if line not in entry:
+        raise InvalidRequest(f"{ENTRY} does not contain {line!r}")
+    header = (
+        '"""Generated by StitchCUDA: a KernelBench-style ModelNew with its extension sources embedded."""\n\n'
+    )
+    return header + entry.replace(line, loader, 1)
+
+
+def _literal(node: ast.expr, names: dict[str, ast.expr]) -> object:
+    if isinstance(node, ast.Name) and node.id in names:
+        return _literal(names[node.id], names)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _literal(node.left, names), _literal(node.right, names)
+        if isinstance(left, str) and isinstance(right, str):
+            return left + right
+        if isinstance(left, list) and isinstance(right, list):
+            return left + right
+    if isinstance(node, ast.List | ast.Tuple):
+        return [_literal(e, names) for e in node.elts]
+    return ast.literal_eval(node)
+
+
+def from_kernelbench_source(source: str, backend: str) -> code_pb2.Candidate:
+    """Converts a single-file KernelBench candidate using `load_inline(...)` into files + manifest.
+
+    The arguments must be literals or module-level constants: the Verifier builds the extension
+    itself (so a candidate can never catch its own build failure), which needs them statically.
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise InvalidRequest(f"candidate does not parse: line {exc.lineno}: {exc.msg}") from exc
+    names: dict[str, ast.expr] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            names[stmt.targets[0].id] = stmt.value
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (
+            getattr(node.func, "id", None) == "load_inline"
+            or getattr(node.func, "attr", None) == "load_inline"
+        )
+    ]
+    if len(calls) != 1:
+        raise InvalidRequest(
+            f"candidate must call load_inline exactly once at module level (found {len(calls)})"
+        )
+    call = calls[0]
+    kwargs: dict[str, object] = {}
+    try:
+        for kw in call.keywords:
+            if kw.arg:
+                kwargs[kw.arg] = _literal(kw.value, names)
+    except (ValueError, TypeError, SyntaxError) as exc:
+        raise InvalidRequest(f"load_inline arguments must be literals or module constants: {exc}") from exc
+
+    def as_text(value: object) -> str:
+        if isinstance(value, list):
+            return "\n".join(str(v) for v in value)
+        return str(value or "")
+
+    cpp = as_text(kwargs.get("cpp_sources"))
+    cuda = as_text(kwargs.get("cuda_sources"))
+    raw_functions = kwargs.get("functions") or []
+    functions = [raw_functions] if isinstance(raw_functions, str) else [str(f) for f in raw_functions]  # type: ignore[attr-defined]
+    ext_name = re.sub(r"\W", "_", str(kwargs.get("name") or "kb_ext"))
+    if cpp and functions and "PYBIND11_MODULE" not in cpp + cuda:
+        binds = "\n".join(f'  m.def("{f}", &{f}, "{f}");' for f in functions)
+        cpp += f"\n\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{binds}\n}}\n"
+    prelude = "#include <torch/extension.h>\n"
+    files: list[code_pb2.SourceFile] = [code_pb2.SourceFile(path="binding.cpp", content=prelude + cpp)]
+    sources = ["binding.cpp"]
+    if cuda:
+        files.append(code_pb2.SourceFile(path="kernels.cu", content=cuda))
+        sources.append("kernels.cu")
+        backend = "cuda"
+
+    # The load_inline assignment becomes the import line; everything else stays as written.
+    lines = source.splitlines()
+    stmt = next(s for s in tree.body if any(n is call for n in ast.walk(s)))
+    target = "ext"
+    if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name):
+        target = stmt.targets[0].id
+    start, end = stmt.lineno - 1, (stmt.end_lineno or stmt.lineno)
+    replacement = [import_line(ext_name)] + ([f"{target} = ext"] if target != "ext" else [])
+    entry = "\n".join(lines[:start] + replacement + lines[end:]) + "\n"
+    files.insert(0, code_pb2.SourceFile(path=ENTRY, content=entry))
+
+    def flags(key: str) -> list[str]:
+        value = kwargs.get(key) or []
+        return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+    build = code_pb2.BuildManifest(
+        extension_name=ext_name,
+        sources=sources,
+        cflags=flags("extra_cflags"),
+        cuda_cflags=flags("extra_cuda_cflags"),
+        ldflags=flags("extra_ldflags"),
+        backend=backend,
+    )
+    cand = code_pb2.Candidate(
+        schema_version=1, files=files, build=build, entry=ENTRY, coder="kernelbench-file"
+    )
+    validate(cand)
+    return cand
