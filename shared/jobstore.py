@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from stitchcuda.api.v1 import jobs_pb2
@@ -59,6 +59,11 @@ class MemoryJobStore:
         self._states: dict[str, bytes] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._cond = threading.Condition()
+        self._listeners: list[Callable[[jobs_pb2.JobEvent], None]] = []
+
+    def subscribe(self, listener: Callable[[jobs_pb2.JobEvent], None]) -> None:
+        """Calls `listener` with every event as it is appended (the embedded CLI shows progress this way)."""
+        self._listeners.append(listener)
 
     def create(self, job: jobs_pb2.Job) -> jobs_pb2.Job:
         with self._cond:
@@ -108,7 +113,9 @@ class MemoryJobStore:
             stored.seq = f"{len(stream) + 1:012d}"
             stream.append(stored)
             self._cond.notify_all()
-            return stored.seq
+        for listener in self._listeners:
+            listener(stored)
+        return stored.seq
 
     def read_events(
         self, job_id: str, after_seq: str = "", timeout_s: float = 0.0

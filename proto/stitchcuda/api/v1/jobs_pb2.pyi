@@ -242,6 +242,7 @@ class JobStatus(_message.Message):
     BEST_SPEEDUP_VS_COMPILE_FIELD_NUMBER: _builtins.int
     BEST_CANDIDATE_ID_FIELD_NUMBER: _builtins.int
     REPLANS_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
     state: Global___JobState.ValueType
     round: _builtins.int
     message: _builtins.str
@@ -249,6 +250,8 @@ class JobStatus(_message.Message):
     best_speedup_vs_compile: _builtins.float
     best_candidate_id: _builtins.str
     replans: _builtins.int
+    error_code: _builtins.str
+    """Set when the job failed because of its input: "invalid_problem" (the reference itself is broken)."""
     def __init__(
         self,
         *,
@@ -259,10 +262,11 @@ class JobStatus(_message.Message):
         best_speedup_vs_compile: _builtins.float = ...,
         best_candidate_id: _builtins.str = ...,
         replans: _builtins.int = ...,
+        error_code: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["best_candidate_id", b"best_candidate_id", "best_speedup_vs_compile", b"best_speedup_vs_compile", "best_speedup_vs_eager", b"best_speedup_vs_eager", "message", b"message", "replans", b"replans", "round", b"round", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["best_candidate_id", b"best_candidate_id", "best_speedup_vs_compile", b"best_speedup_vs_compile", "best_speedup_vs_eager", b"best_speedup_vs_eager", "error_code", b"error_code", "message", b"message", "replans", b"replans", "round", b"round", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -173,6 +173,7 @@ class Envelope(_message.Message):
     ROUND_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
     SENT_AT_FIELD_NUMBER: _builtins.int
+    CANDIDATE_INDEX_FIELD_NUMBER: _builtins.int
     PLAN_REQUEST_FIELD_NUMBER: _builtins.int
     PLAN_READY_FIELD_NUMBER: _builtins.int
     CODER_REQUEST_FIELD_NUMBER: _builtins.int
@@ -188,6 +189,8 @@ class Envelope(_message.Message):
     tenant_id: _builtins.str
     round: _builtins.int
     attempt: _builtins.int
+    candidate_index: _builtins.int
+    """Which candidate of the round a verify/build message is about."""
     @_builtins.property
     def sent_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -216,6 +219,7 @@ class Envelope(_message.Message):
         round: _builtins.int = ...,
         attempt: _builtins.int = ...,
         sent_at: _timestamp_pb2.Timestamp | None = ...,
+        candidate_index: _builtins.int = ...,
         plan_request: Global___PlanRequest | None = ...,
         plan_ready: Global___PlanReady | None = ...,
         coder_request: _code_pb2.CoderRequest | None = ...,
@@ -227,7 +231,7 @@ class Envelope(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "build_request", b"build_request", "candidate_ready", b"candidate_ready", "coder_request", b"coder_request", "judge_request", b"judge_request", "plan_ready", b"plan_ready", "plan_request", b"plan_request", "sent_at", b"sent_at", "verdict_ready", b"verdict_ready", "verify_request", b"verify_request"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "body", b"body", "build_request", b"build_request", "candidate_ready", b"candidate_ready", "coder_request", b"coder_request", "job_id", b"job_id", "judge_request", b"judge_request", "message_id", b"message_id", "plan_ready", b"plan_ready", "plan_request", b"plan_request", "round", b"round", "schema_version", b"schema_version", "sent_at", b"sent_at", "tenant_id", b"tenant_id", "verdict_ready", b"verdict_ready", "verify_request", b"verify_request"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "body", b"body", "build_request", b"build_request", "candidate_index", b"candidate_index", "candidate_ready", b"candidate_ready", "coder_request", b"coder_request", "job_id", b"job_id", "judge_request", b"judge_request", "message_id", b"message_id", "plan_ready", b"plan_ready", "plan_request", b"plan_request", "round", b"round", "schema_version", b"schema_version", "sent_at", b"sent_at", "tenant_id", b"tenant_id", "verdict_ready", b"verdict_ready", "verify_request", b"verify_request"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["plan_request", "plan_ready", "coder_request", "candidate_ready", "verify_request", "verdict_ready", "build_request", "judge_request"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015

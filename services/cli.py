@@ -1,0 +1,387 @@
+"""The `stitchcuda` command: embedded optimize/verify/plan/bench, and the platform's up/submit/admin."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+import tempfile
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    name="stitchcuda",
+    help="Turn a PyTorch reference program into a verified, faster GPU (or CPU) program.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True)
+EXIT_OK, EXIT_REJECTED, EXIT_USAGE = 0, 1, 2
+
+
+class DeviceChoice(StrEnum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Backend(StrEnum):
+    builtin = "builtin"
+    llm = "llm"
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
+    console.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+def _load_problem(path: Path) -> Any:
+    from stitchcuda.shared import problem
+    from stitchcuda.shared.errors import ProblemError
+
+    try:
+        return problem.load(path)
+    except ProblemError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _resolve_device(device: DeviceChoice) -> str:
+    from stitchcuda.shared import devices
+    from stitchcuda.shared.errors import StitchError
+
+    try:
+        return devices.resolve(device.value)
+    except StitchError as exc:
+        raise _fail(str(exc)) from None
+
+
+@app.command()
+def optimize(
+    problem_path: Annotated[Path, typer.Argument(metavar="PROBLEM.py", help="KernelBench-format reference.")],
+    device: Annotated[DeviceChoice, typer.Option(help="Where candidates run.")] = DeviceChoice.auto,
+    rounds: Annotated[int, typer.Option(min=0, max=50, help="Optimize rounds after the first.")] = 2,
+    out: Annotated[Path | None, typer.Option(help="Result folder (default: ./out/<problem>).")] = None,
+    backend: Annotated[Backend, typer.Option(help="Coder backend.")] = Backend.builtin,
+    samples: Annotated[int, typer.Option(min=1, max=16, help="Candidates per round.")] = 1,
+    target_speedup: Annotated[float, typer.Option(min=0, help="Stop once reached (0 = never early).")] = 0.0,
+) -> None:
+    """Plan, code and verify PROBLEM.py in this process; write model_new.py and a report."""
+    from stitchcuda.api.v1 import jobs_pb2
+    from stitchcuda.embedded import EmbeddedPlatform
+    from stitchcuda.shared import devices
+    from stitchcuda.shared.errors import ProblemError
+    from stitchcuda.shared.settings import CommonSettings
+
+    prob = _load_problem(problem_path)
+    resolved = _resolve_device(device)
+    out = out or Path("out") / prob.name
+    spec = jobs_pb2.JobSpec(
+        problem_name=prob.name,
+        reference_source=prob.source,
+        device=devices.to_proto(resolved),
+        options=jobs_pb2.JobOptions(
+            max_rounds=rounds,
+            target_speedup=target_speedup,
+            stagnation_rounds=2,
+            min_improvement=0.02,
+            coder_backend=backend.value,
+            samples=samples,
+            max_replans=1,
+        ),
+    )
+    console.print(
+        f"[bold]StitchCUDA[/] optimizing [cyan]{prob.name}[/] on [cyan]{resolved}[/] ({rounds} rounds)"
+    )
+    staging = Path(tempfile.mkdtemp(prefix="stitchcuda-run-"))
+    platform = EmbeddedPlatform(CommonSettings(), artifact_root=staging / "artifacts")
+    from stitchcuda.progress import EventPrinter
+
+    printer = EventPrinter(console)
+    try:
+        job = platform.run(spec, on_event=printer)
+    except ProblemError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise _fail(str(exc)) from None
+    finally:
+        printer.stop()
+    first_line = job.status.message.splitlines()[0] if job.status.message else ""
+    if job.status.state == jobs_pb2.JOB_STATE_FAILED and _is_reference_error(job):
+        shutil.rmtree(staging, ignore_errors=True)
+        raise _fail(first_line)
+    _write_out(platform, job, out)
+    shutil.rmtree(staging, ignore_errors=True)
+    if job.status.state != jobs_pb2.JOB_STATE_SUCCEEDED:
+        console.print(f"[bold red]no verified program:[/] {first_line}")
+        console.print(f"report: {out / 'report.html'}")
+        raise typer.Exit(EXIT_REJECTED)
+    status = job.status
+    console.print(
+        f"[bold green]verified[/] {prob.name}: [bold]{status.best_speedup_vs_eager:.2f}x[/] vs eager, "
+        f"{status.best_speedup_vs_compile:.2f}x vs torch.compile ({status.best_candidate_id})"
+    )
+    console.print(f"wrote {out / 'model_new.py'}, {out / 'report.html'}")
+
+
+def _is_reference_error(job: Any) -> bool:
+    """A job that failed because the reference itself is broken (the planner said so), not the candidates."""
+    return bool(job.status.error_code == "invalid_problem")
+
+
+def _write_out(platform: Any, job: Any, out: Path) -> None:
+    """Writes the result folder atomically: a half-written --out is never left behind."""
+    from stitchcuda.api.v1 import code_pb2
+    from stitchcuda.shared.candidate import write_dir
+
+    tmp = Path(tempfile.mkdtemp(prefix=".stitchcuda-", dir=out.parent if out.parent.exists() else None))
+    for name in ("model_new.py", "report.json", "report.html"):
+        key = job.artifacts.get(name)
+        if key:
+            (tmp / name).write_bytes(platform.artifacts.get(key))
+    if "candidate.pb" in job.artifacts:
+        candidate = code_pb2.Candidate.FromString(platform.artifacts.get(job.artifacts["candidate.pb"]))
+        write_dir(candidate, tmp / "candidate")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.move(str(tmp), str(out))
+
+
+@app.command()
+def verify(
+    reference: Annotated[Path, typer.Argument(metavar="REFERENCE.py")],
+    candidate: Annotated[
+        Path, typer.Argument(metavar="CANDIDATE", help="A load_inline .py file or a folder.")
+    ],
+    device: Annotated[DeviceChoice, typer.Option()] = DeviceChoice.auto,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """Verify CANDIDATE against REFERENCE: exit 0 if accepted, 1 if rejected, 2 for a usage error."""
+    from stitchcuda.shared import candidate as cand_format
+    from stitchcuda.shared.errors import InvalidRequest, ProblemError
+    from stitchcuda.verifier.service import VerifierService
+
+    prob = _load_problem(reference)
+    resolved = _resolve_device(device)
+    try:
+        if candidate.is_dir():
+            cand = cand_format.read_dir(candidate)
+        elif candidate.is_file():
+            cand = cand_format.from_kernelbench_source(candidate.read_text(), backend=resolved)
+        else:
+            raise _fail(f"{candidate}: no such file or folder")
+    except InvalidRequest as exc:
+        raise _fail(f"{candidate}: {exc}") from None
+    cand.candidate_id = cand.candidate_id or candidate.stem
+    try:
+        verdict = VerifierService().verify(prob.source, cand, device=resolved)
+    except ProblemError as exc:
+        raise _fail(str(exc)) from None
+    if as_json:
+        sys.stdout.write(json.dumps(verdict_json(verdict), indent=2) + "\n")
+    else:
+        from stitchcuda.progress import print_verdict
+
+        print_verdict(Console(), verdict)
+    raise typer.Exit(EXIT_OK if verdict.accepted else EXIT_REJECTED)
+
+
+def verdict_json(verdict: Any) -> dict[str, Any]:
+    from google.protobuf.json_format import MessageToDict
+    from stitchcuda.api.v1 import verify_pb2
+
+    severity = {
+        verify_pb2.SEVERITY_INFO: "info",
+        verify_pb2.SEVERITY_WARNING: "warning",
+        verify_pb2.SEVERITY_REJECT: "reject",
+    }
+    return {
+        "accepted": verdict.accepted,
+        "compiled": verdict.compiled,
+        "correct": verdict.correct,
+        "speedup_vs_eager": verdict.speedup_vs_eager,
+        "speedup_vs_compile": verdict.speedup_vs_compile,
+        "custom_kernel_share": verdict.custom_kernel_share,
+        "reason": verdict.reason,
+        "device": {1: "auto", 2: "cpu", 3: "cuda"}.get(verdict.device, "cpu"),
+        "findings": [
+            {
+                "rule": f.rule,
+                "severity": severity.get(f.severity, "info"),
+                "detail": f.detail,
+                "where": f.where,
+            }
+            for f in verdict.findings
+        ],
+        "verdict": MessageToDict(verdict, preserving_proto_field_name=True),
+    }
+
+
+@app.command()
+def plan(
+    problem_path: Annotated[Path, typer.Argument(metavar="PROBLEM.py")],
+    device: Annotated[DeviceChoice, typer.Option()] = DeviceChoice.auto,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Analyse PROBLEM.py: graph, FLOPs/bytes, profile and the fusion plan."""
+    from stitchcuda.planner.service import PlannerService, plan_to_json, render_plan
+    from stitchcuda.shared.errors import ProblemError
+
+    prob = _load_problem(problem_path)
+    resolved = _resolve_device(device)
+    try:
+        result = PlannerService().plan(prob.source, problem_name=prob.name, device=resolved)
+    except ProblemError as exc:
+        raise _fail(str(exc)) from None
+    if as_json:
+        sys.stdout.write(json.dumps(plan_to_json(result), indent=2) + "\n")
+    else:
+        Console().print(render_plan(result))
+
+
+@app.command()
+def bench(
+    suite: Annotated[Path, typer.Argument(metavar="SUITE", help="A folder of problems (or one problem).")],
+    device: Annotated[DeviceChoice, typer.Option()] = DeviceChoice.auto,
+    rounds: Annotated[int, typer.Option(min=0)] = 1,
+    out: Annotated[Path | None, typer.Option(help="Write results JSON here.")] = None,
+    pattern: Annotated[str, typer.Option(help="Glob of problem files.")] = "*.py",
+) -> None:
+    """Optimize every problem of SUITE and print speedups vs eager and torch.compile with their geomean."""
+    from stitchcuda.api.v1 import jobs_pb2
+    from stitchcuda.embedded import EmbeddedPlatform
+    from stitchcuda.shared import devices, problem
+    from stitchcuda.shared.errors import ProblemError
+
+    files = sorted(suite.glob(pattern)) if suite.is_dir() else [suite]
+    if not files:
+        raise _fail(f"{suite}: no problems matching {pattern}")
+    resolved = _resolve_device(device)
+    rows: list[dict[str, Any]] = []
+    platform = EmbeddedPlatform()
+    for path in files:
+        try:
+            prob = problem.load(path)
+        except ProblemError as exc:
+            rows.append({"problem": path.stem, "verified": False, "reason": str(exc)})
+            continue
+        console.print(f"[bold]{prob.name}[/] …")
+        spec = jobs_pb2.JobSpec(
+            problem_name=prob.name,
+            reference_source=prob.source,
+            device=devices.to_proto(resolved),
+            options=jobs_pb2.JobOptions(max_rounds=rounds, stagnation_rounds=2, coder_backend="builtin"),
+        )
+        try:
+            job = platform.run(spec)
+        except ProblemError as exc:
+            rows.append({"problem": prob.name, "verified": False, "reason": str(exc)})
+            continue
+        ok = job.status.state == jobs_pb2.JOB_STATE_SUCCEEDED
+        rows.append(
+            {
+                "problem": prob.name,
+                "verified": ok,
+                "speedup_vs_eager": job.status.best_speedup_vs_eager if ok else None,
+                "speedup_vs_compile": job.status.best_speedup_vs_compile if ok else None,
+                "reason": job.status.message.splitlines()[0] if job.status.message else "",
+            }
+        )
+    table = Table(title=f"StitchCUDA bench on {resolved}")
+    for col in ("problem", "verified", "vs eager", "vs compile", "reason"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(
+            row["problem"],
+            "yes" if row["verified"] else "no",
+            f"{row['speedup_vs_eager']:.2f}x" if row.get("speedup_vs_eager") else "-",
+            f"{row['speedup_vs_compile']:.2f}x" if row.get("speedup_vs_compile") else "-",
+            row["reason"][:60],
+        )
+    summary = {
+        "device": resolved,
+        "verified": sum(r["verified"] for r in rows),
+        "problems": len(rows),
+        "geomean_vs_eager": _geomean([r["speedup_vs_eager"] for r in rows if r.get("speedup_vs_eager")]),
+        "geomean_vs_compile": _geomean(
+            [r["speedup_vs_compile"] for r in rows if r.get("speedup_vs_compile")]
+        ),
+    }
+    Console().print(table)
+    Console().print(
+        f"verified {summary['verified']}/{summary['problems']}; "
+        f"geomean {summary['geomean_vs_eager']:.2f}x vs eager, "
+        f"{summary['geomean_vs_compile']:.2f}x vs torch.compile"
+    )
+    if out:
+        out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
+    raise typer.Exit(EXIT_OK if summary["verified"] == summary["problems"] else EXIT_REJECTED)
+
+
+def _geomean(values: list[float]) -> float:
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 0.0
+
+
+@app.command()
+def up(
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    grpc_port: Annotated[int, typer.Option()] = 50051,
+    http_port: Annotated[int, typer.Option()] = 8080,
+) -> None:
+    """Start the whole platform on this machine (Redis from STITCH_REDIS_URL; S3 or a local SeaweedFS)."""
+    try:
+        from stitchcuda.gateway.local import run_up
+    except ImportError as exc:
+        raise _fail(
+            f"the platform needs the platform extra: pip install 'stitchcuda[platform]' ({exc})"
+        ) from None
+    raise typer.Exit(run_up(host=host, grpc_port=grpc_port, http_port=http_port))
+
+
+@app.command()
+def submit(
+    problem_path: Annotated[Path, typer.Argument(metavar="PROBLEM.py")],
+    gateway: Annotated[
+        str, typer.Option(help="HOST:PORT of the gateway's gRPC endpoint.")
+    ] = "127.0.0.1:50051",
+    watch: Annotated[bool, typer.Option(help="Follow progress until the job ends.")] = False,
+    out: Annotated[Path | None, typer.Option(help="Download the result here when it ends.")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="STITCH_API_KEY", help="Tenant API key.")] = None,
+    device: Annotated[DeviceChoice, typer.Option()] = DeviceChoice.auto,
+    rounds: Annotated[int, typer.Option(min=0)] = 2,
+) -> None:
+    """Submit PROBLEM.py to a running platform over gRPC."""
+    try:
+        from stitchcuda.gateway.client import submit_main
+    except ImportError as exc:
+        raise _fail(f"submit needs the platform extra: pip install 'stitchcuda[platform]' ({exc})") from None
+    _load_problem(problem_path)
+    raise typer.Exit(submit_main(problem_path, gateway, watch, out, api_key, device.value, rounds))
+
+
+def _mount_admin() -> None:
+    try:
+        from stitchcuda.gateway.admin import app as admin_app
+    except ImportError:
+
+        @app.command(name="admin")
+        def admin_unavailable() -> None:
+            """Manage tenants, API keys and quotas (needs the platform extra)."""
+            raise _fail("admin needs the platform extra: pip install 'stitchcuda[platform]'")
+
+        return
+    app.add_typer(admin_app, name="admin", help="Manage tenants, API keys and quotas.")
+
+
+_mount_admin()
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,41 @@
+"""The Coder's queue worker: coder request in, candidate artifacts out, loop advanced."""
+
+from __future__ import annotations
+
+from stitchcuda.api.v1 import code_pb2, jobs_pb2, messages_pb2
+from stitchcuda.coder.service import CoderService
+from stitchcuda.shared.artifacts import ArtifactStore
+from stitchcuda.shared.errors import StitchError, Unavailable
+from stitchcuda.shared.worker import BaseWorker
+from stitchcuda.shared.workflow import Workflow
+
+
+class CoderWorker(BaseWorker):
+    stage = "code"
+
+    def __init__(self, service: CoderService, workflow: Workflow, artifacts: ArtifactStore) -> None:
+        super().__init__(workflow, artifacts)
+        self.service = service
+
+    def work(self, env: messages_pb2.Envelope, job: jobs_pb2.Job) -> None:
+        req = env.coder_request
+        source = self.load_reference(req.reference_key)
+        plan = self.load_plan(req.plan_key)
+        skill = "optimize" if req.skill == code_pb2.SKILL_OPTIMIZE else "generate"
+        self.workflow.progress(env, self.stage, 0.0, f"{skill}: writing round {env.round}")
+        common = {"samples": req.samples or 1, "backend": req.backend or "builtin", "job_id": env.job_id}
+        try:
+            if req.skill == code_pb2.SKILL_OPTIMIZE:
+                previous = self.load_candidate(req.previous_candidate_key)
+                verdict = self.load_verdict(req.previous_verdict_key)
+                candidates = self.service.optimize(
+                    source, plan, previous, verdict, round_=env.round, **common
+                )
+            else:
+                candidates = self.service.generate(source, plan, round_=env.round, **common)
+        except Unavailable:
+            raise
+        except StitchError as exc:
+            self.workflow.record_candidates(env, [], error=str(exc))
+            return
+        self.workflow.record_candidates(env, candidates)

@@ -1,0 +1,61 @@
+"""What every service worker shares: decode the envelope, skip ended jobs, turn failures into job results."""
+
+from __future__ import annotations
+
+import abc
+import logging
+from typing import Any
+
+from stitchcuda.api.v1 import code_pb2, jobs_pb2, messages_pb2, plan_pb2, verify_pb2
+from stitchcuda.shared.artifacts import ArtifactStore
+from stitchcuda.shared.devices import NAMES
+from stitchcuda.shared.envelope import decode
+from stitchcuda.shared.logs import log_context
+from stitchcuda.shared.workflow import Workflow
+
+log = logging.getLogger("stitchcuda.worker")
+
+
+def device_name(device: int) -> str:
+    name = next((n for n, v in NAMES.items() if v == device), "cpu")
+    return "cpu" if name == "auto" else name
+
+
+class BaseWorker(abc.ABC):
+    """Decodes a queue message and runs `work` for it, unless its job has already ended."""
+
+    stage = "work"
+
+    def __init__(self, workflow: Workflow, artifacts: ArtifactStore) -> None:
+        self.workflow = workflow
+        self.artifacts = artifacts
+
+    def handle(self, data: bytes) -> None:
+        env = decode(data)
+        with log_context(job_id=env.job_id, tenant_id=env.tenant_id, round=str(env.round), stage=self.stage):
+            if not self.workflow.is_live(env.job_id):
+                log.info("job %s has ended; message dropped", env.job_id)
+                return
+            self.work(env, self.workflow.jobs.get(env.job_id))
+
+    @abc.abstractmethod
+    def work(self, env: messages_pb2.Envelope, job: jobs_pb2.Job) -> None:
+        """Does this worker's stage for one message and reports the result to the workflow."""
+
+    def progress_callback(self, env: messages_pb2.Envelope) -> Any:
+        def report(message: str, fraction: float) -> None:
+            self.workflow.progress(env, self.stage, fraction, message)
+
+        return report
+
+    def load_reference(self, key: str) -> str:
+        return self.artifacts.get(key).decode()
+
+    def load_plan(self, key: str) -> plan_pb2.Plan:
+        return plan_pb2.Plan.FromString(self.artifacts.get(key))
+
+    def load_candidate(self, key: str) -> code_pb2.Candidate:
+        return code_pb2.Candidate.FromString(self.artifacts.get(key))
+
+    def load_verdict(self, key: str) -> verify_pb2.Verdict:
+        return verify_pb2.Verdict.FromString(self.artifacts.get(key))

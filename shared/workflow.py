@@ -1,0 +1,381 @@
+"""Drives jobs through the plan -> code -> verify loop: records results, asks the loop policy, sends messages.
+
+Every worker (Celery task or embedded handler) does its own work and then calls one `record_*` method
+here; that method stores the artifact, appends the job event, and lets `shared.pipeline.decide` choose
+the next actions, under a per-job lock and a once-only guard so redelivered messages change nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+
+from google.protobuf.timestamp_pb2 import Timestamp
+from stitchcuda.api.v1 import code_pb2, jobs_pb2, messages_pb2, plan_pb2, verify_pb2
+from stitchcuda.shared import pipeline, report
+from stitchcuda.shared.artifacts import ArtifactStore, Keys
+from stitchcuda.shared.candidate import export_standalone
+from stitchcuda.shared.envelope import SCHEMA_VERSION, new_envelope
+from stitchcuda.shared.errors import InvalidRequest
+from stitchcuda.shared.jobstore import JobStore
+from stitchcuda.shared.logs import log_context
+from stitchcuda.shared.problem import validate_source
+from stitchcuda.shared.transport import CODER, PLANNER, VERIFIER_BUILD, VERIFIER_CPU, Transport
+
+log = logging.getLogger("stitchcuda.workflow")
+
+TERMINAL_STATES = frozenset(
+    {jobs_pb2.JOB_STATE_SUCCEEDED, jobs_pb2.JOB_STATE_FAILED, jobs_pb2.JOB_STATE_CANCELLED}
+)
+_STATE_OF_PHASE = {
+    pipeline.Phase.PLANNING: jobs_pb2.JOB_STATE_PLANNING,
+    pipeline.Phase.CODING: jobs_pb2.JOB_STATE_CODING,
+    pipeline.Phase.VERIFYING: jobs_pb2.JOB_STATE_VERIFYING,
+    pipeline.Phase.SUCCEEDED: jobs_pb2.JOB_STATE_SUCCEEDED,
+    pipeline.Phase.FAILED: jobs_pb2.JOB_STATE_FAILED,
+    pipeline.Phase.CANCELLED: jobs_pb2.JOB_STATE_CANCELLED,
+}
+DEFAULT_OPTIONS = jobs_pb2.JobOptions(
+    max_rounds=3, stagnation_rounds=2, min_improvement=0.02, coder_backend="builtin", samples=1, max_replans=1
+)
+
+
+def limits_of(options: jobs_pb2.JobOptions) -> pipeline.Limits:
+    return pipeline.Limits(
+        max_rounds=options.max_rounds,
+        target_speedup=options.target_speedup,
+        stagnation_rounds=options.stagnation_rounds or 2,
+        min_improvement=options.min_improvement,
+        max_replans=options.max_replans,
+    )
+
+
+def _now() -> Timestamp:
+    stamp = Timestamp()
+    stamp.GetCurrentTime()
+    return stamp
+
+
+class Workflow:
+    def __init__(
+        self,
+        jobs: JobStore,
+        artifacts: ArtifactStore,
+        transport: Transport,
+        *,
+        resolve_device: Callable[[int], int] | None = None,
+        max_reference_bytes: int = 256 * 1024,
+        verify_policy: verify_pb2.VerifyPolicy | None = None,
+    ) -> None:
+        self.jobs = jobs
+        self.artifacts = artifacts
+        self.transport = transport
+        self._resolve_device = resolve_device or (lambda d: d or jobs_pb2.DEVICE_CPU)
+        self._max_reference_bytes = max_reference_bytes
+        self._verify_policy = verify_policy or verify_pb2.VerifyPolicy()
+
+    # -- entry points -------------------------------------------------------------------------------
+
+    def submit(self, spec: jobs_pb2.JobSpec, tenant_id: str, *, job_id: str = "") -> jobs_pb2.Job:
+        """Validates the reference, stores the job and sends it to the Planner. Idempotent on the key."""
+        name = spec.problem_name or "reference"
+        validate_source(spec.reference_source, max_bytes=self._max_reference_bytes, name=name)
+        if not tenant_id:
+            raise InvalidRequest("a job needs a tenant")
+        spec = _with_defaults(spec)
+        spec.device = self._resolve_device(spec.device)
+        job = jobs_pb2.Job(
+            schema_version=SCHEMA_VERSION,
+            job_id=job_id or uuid.uuid4().hex[:20],
+            tenant_id=tenant_id,
+            spec=spec,
+            status=jobs_pb2.JobStatus(state=jobs_pb2.JOB_STATE_QUEUED, message="queued"),
+            created_at=_now(),
+            updated_at=_now(),
+        )
+        stored = self.jobs.create(job)
+        if stored.job_id != job.job_id:
+            return stored
+        key = Keys.reference(tenant_id, job.job_id)
+        self.artifacts.put(key, spec.reference_source.encode(), "text/x-python")
+        job.artifacts["reference"] = key
+        self.jobs.put(job)
+        self._event(job, jobs_pb2.EVENT_KIND_STATE, "submitted", stage="queued")
+        decision = pipeline.start(limits_of(spec.options))
+        with self.jobs.lock(job.job_id):
+            self._apply(job.job_id, decision)
+        return self.jobs.get(job.job_id)
+
+    def cancel(self, job_id: str, reason: str = "cancelled by the user") -> jobs_pb2.Job:
+        self._advance(job_id, pipeline.Event(pipeline.EventType.CANCEL, reason=reason), guard=None)
+        return self.jobs.get(job_id)
+
+    def is_live(self, job_id: str) -> bool:
+        """Workers skip messages of jobs that already ended (cancelled, failed, done)."""
+        return self.jobs.get(job_id).status.state not in TERMINAL_STATES
+
+    def progress(self, env: messages_pb2.Envelope, stage: str, fraction: float, message: str) -> None:
+        job = self.jobs.get(env.job_id)
+        self._event(
+            job, jobs_pb2.EVENT_KIND_PROGRESS, message, stage=stage, progress=fraction, round_=env.round
+        )
+
+    # -- results reported by workers ------------------------------------------------------------------
+
+    def record_plan(
+        self, env: messages_pb2.Envelope, plan: plan_pb2.Plan | None, error: str = "", error_code: str = ""
+    ) -> None:
+        job = self.jobs.get(env.job_id)
+        if plan is None:
+            if error_code:
+                job.status.error_code = error_code
+                self.jobs.put(job)
+            event = pipeline.Event(pipeline.EventType.PLAN_FAILED, round=env.round, reason=error)
+        else:
+            replan = job.status.replans
+            key = Keys.plan(job.tenant_id, job.job_id, replan)
+            self.artifacts.put(key, plan.SerializeToString())
+            self._set_artifact(job.job_id, "plan", key)
+            for warning in plan.warnings:
+                self._event(job, jobs_pb2.EVENT_KIND_WARNING, warning, stage="plan", round_=env.round)
+            summary = f"plan: {len(plan.subtasks)} subtasks, floor {plan.floor_ms:.3f} ms"
+            self._event(job, jobs_pb2.EVENT_KIND_LOG, summary, stage="plan", round_=env.round)
+            event = pipeline.Event(pipeline.EventType.PLAN_READY, round=env.round)
+        self._advance(env.job_id, event, guard=f"plan:{env.round}")
+
+    def record_candidates(
+        self, env: messages_pb2.Envelope, candidates: list[code_pb2.Candidate], error: str = ""
+    ) -> None:
+        job = self.jobs.get(env.job_id)
+        produced = 0
+        for candidate in candidates:
+            if candidate.failure:
+                self._event(job, jobs_pb2.EVENT_KIND_WARNING, f"coder: {candidate.failure}", stage="code")
+                continue
+            candidate.job_id, candidate.round = job.job_id, env.round
+            candidate.candidate_id = candidate.candidate_id or f"r{env.round}c{produced}"
+            key = Keys.candidate(job.tenant_id, job.job_id, env.round, produced)
+            self.artifacts.put(key, candidate.SerializeToString())
+            produced += 1
+        reasons = "; ".join(c.failure for c in candidates if c.failure) or error
+        if produced:
+            message = f"round {env.round}: {produced} candidate(s) from {candidates[0].coder or 'coder'}"
+            self._event(job, jobs_pb2.EVENT_KIND_LOG, message, stage="code", round_=env.round)
+            event = pipeline.Event(pipeline.EventType.CANDIDATES_READY, round=env.round, count=produced)
+        else:
+            event = pipeline.Event(pipeline.EventType.CODER_FAILED, round=env.round, reason=reasons)
+        self._advance(env.job_id, event, guard=f"code:{env.round}")
+
+    def record_verdict(self, env: messages_pb2.Envelope, index: int, verdict: verify_pb2.Verdict) -> None:
+        job = self.jobs.get(env.job_id)
+        key = Keys.verdict(job.tenant_id, job.job_id, env.round, index)
+        self.artifacts.put(key, verdict.SerializeToString())
+        data = {
+            "accepted": str(verdict.accepted).lower(),
+            "speedup_vs_eager": f"{verdict.speedup_vs_eager:.4f}",
+            "speedup_vs_compile": f"{verdict.speedup_vs_compile:.4f}",
+            "custom_kernel_share": f"{verdict.custom_kernel_share:.4f}",
+            "candidate_id": verdict.candidate_id,
+        }
+        text = f"round {env.round} candidate {index}: " + (
+            f"accepted, {verdict.speedup_vs_eager:.2f}x vs eager"
+            if verdict.accepted
+            else f"rejected: {verdict.reason}"
+        )
+        self._event(job, jobs_pb2.EVENT_KIND_VERDICT, text, stage="verify", round_=env.round, data=data)
+        event = pipeline.Event(
+            pipeline.EventType.VERDICT_READY,
+            round=env.round,
+            index=index,
+            accepted=verdict.accepted,
+            speedup=verdict.speedup_vs_eager if verdict.accepted else 0.0,
+            reason=verdict.reason,
+        )
+        summary = jobs_pb2.RoundSummary(
+            round=env.round,
+            candidate_id=verdict.candidate_id,
+            accepted=verdict.accepted,
+            speedup_vs_eager=verdict.speedup_vs_eager,
+            speedup_vs_compile=verdict.speedup_vs_compile,
+            summary=verdict.reason,
+        )
+        self._advance(env.job_id, event, guard=f"verdict:{env.round}:{index}", summary=summary)
+
+    # -- the loop --------------------------------------------------------------------------------------
+
+    def _advance(
+        self,
+        job_id: str,
+        event: pipeline.Event,
+        *,
+        guard: str | None,
+        summary: jobs_pb2.RoundSummary | None = None,
+    ) -> None:
+        with self.jobs.lock(job_id):
+            if guard is not None and not self.jobs.claim(f"guard:{job_id}:{guard}"):
+                log.info("duplicate %s for job %s ignored", event.type, job_id)
+                return
+            raw = self.jobs.load_state(job_id)
+            if raw is None:
+                raise InvalidRequest(f"job {job_id} has no loop state")
+            if summary is not None:
+                job = self.jobs.get(job_id)
+                job.rounds.append(summary)
+                self.jobs.put(job)
+            self._apply(job_id, pipeline.decide(pipeline.LoopState.from_json(raw), event))
+
+    def _apply(self, job_id: str, decision: pipeline.Decision) -> None:
+        """Saves the new loop state and carries out its actions (caller holds the job lock)."""
+        self.jobs.save_state(job_id, decision.state.to_json())
+        job = self.jobs.get(job_id)
+        state = decision.state
+        job.status.round = state.round
+        job.status.replans = state.replans
+        if state.best is not None:
+            job.status.best_speedup_vs_eager = state.best.speedup
+            job.status.best_candidate_id = f"r{state.best.round}c{state.best.index}"
+        with log_context(job_id=job.job_id, tenant_id=job.tenant_id):
+            for action in decision.actions:
+                self._carry_out(job, state, action)
+        job = self.jobs.get(job_id)
+        new_state = _STATE_OF_PHASE[state.phase]
+        if job.status.state != new_state:
+            job.status.state = new_state
+            job.status.message = state.reason or state.phase.value
+            job.updated_at.CopyFrom(_now())
+            self.jobs.put(job)
+            self._event(job, jobs_pb2.EVENT_KIND_STATE, job.status.message, stage=state.phase.value)
+        else:
+            job.updated_at.CopyFrom(_now())
+            job.status.round = state.round
+            self.jobs.put(job)
+
+    def _carry_out(self, job: jobs_pb2.Job, state: pipeline.LoopState, action: pipeline.Action) -> None:
+        tenant, jid = job.tenant_id, job.job_id
+        env = new_envelope(jid, tenant, action.round)
+        if action.type is pipeline.ActionType.PLAN:
+            env.plan_request.reference_key = Keys.reference(tenant, jid)
+            if state.replans:
+                env.plan_request.previous_plan_key = Keys.plan(tenant, jid, state.replans - 1)
+            env.plan_request.reason = action.reason
+            self.transport.send(PLANNER, env)
+        elif action.type in (pipeline.ActionType.GENERATE, pipeline.ActionType.OPTIMIZE):
+            req = env.coder_request
+            req.skill = code_pb2.SKILL_GENERATE if action.base is None else code_pb2.SKILL_OPTIMIZE
+            req.reference_key = Keys.reference(tenant, jid)
+            req.plan_key = Keys.plan(tenant, jid, state.replans)
+            req.samples = job.spec.options.samples or 1
+            req.backend = job.spec.options.coder_backend or "builtin"
+            if action.base is not None:
+                req.previous_candidate_key = Keys.candidate(tenant, jid, *action.base)
+                req.previous_verdict_key = Keys.verdict(tenant, jid, *action.base)
+            self.transport.send(CODER, env)
+        elif action.type is pipeline.ActionType.VERIFY:
+            env.candidate_index = action.index
+            verify = verify_pb2.VerifyRequest(
+                reference_key=Keys.reference(tenant, jid),
+                candidate_key=Keys.candidate(tenant, jid, action.round, action.index),
+                device=job.spec.device,
+                policy=self._policy(job),
+                plan_key=Keys.plan(tenant, jid, state.replans),
+            )
+            if job.spec.device == jobs_pb2.DEVICE_CUDA:
+                # CUDA candidates compile on CPU build workers first; the GPU queue only runs them.
+                env.build_request.candidate_key = verify.candidate_key
+                env.build_request.verify.CopyFrom(verify)
+                self.transport.send(VERIFIER_BUILD, env)
+            else:
+                env.verify_request.CopyFrom(verify)
+                self.transport.send(VERIFIER_CPU, env)
+        elif action.type is pipeline.ActionType.FINISH:
+            self._write_result(job, state, action.reason)
+        elif action.type in (pipeline.ActionType.FAIL, pipeline.ActionType.CANCELLED):
+            self._write_report(job, state, action.reason)
+
+    def _policy(self, job: jobs_pb2.Job) -> verify_pb2.VerifyPolicy:
+        policy = verify_pb2.VerifyPolicy()
+        policy.CopyFrom(self._verify_policy)
+        if job.spec.options.timing_iterations:
+            policy.timing_iterations = job.spec.options.timing_iterations
+        return policy
+
+    def _write_result(self, job: jobs_pb2.Job, state: pipeline.LoopState, reason: str) -> None:
+        assert state.best is not None
+        best = state.best
+        candidate = code_pb2.Candidate.FromString(
+            self.artifacts.get(Keys.candidate(job.tenant_id, job.job_id, best.round, best.index))
+        )
+        verdict = verify_pb2.Verdict.FromString(
+            self.artifacts.get(Keys.verdict(job.tenant_id, job.job_id, best.round, best.index))
+        )
+        outputs = {
+            "model_new.py": export_standalone(candidate).encode(),
+            "candidate.pb": candidate.SerializeToString(),
+        }
+        for name, data in outputs.items():
+            key = Keys.result(job.tenant_id, job.job_id, name)
+            self.artifacts.put(key, data)
+            job.artifacts[name] = key
+        job.status.best_speedup_vs_eager = verdict.speedup_vs_eager
+        job.status.best_speedup_vs_compile = verdict.speedup_vs_compile
+        job.status.best_candidate_id = candidate.candidate_id
+        self.jobs.put(job)
+        self._write_report(job, state, reason)
+
+    def _write_report(self, job: jobs_pb2.Job, state: pipeline.LoopState, reason: str) -> None:
+        job = self.jobs.get(job.job_id)
+        data = report.build(job, self.artifacts, state, reason)
+        for name, blob, kind in (
+            ("report.json", report.to_json(data).encode(), "application/json"),
+            ("report.html", report.to_html(data).encode(), "text/html"),
+        ):
+            key = Keys.result(job.tenant_id, job.job_id, name)
+            self.artifacts.put(key, blob, kind)
+            job.artifacts[name] = key
+        self.jobs.put(job)
+
+    # -- bookkeeping ------------------------------------------------------------------------------------
+
+    def _set_artifact(self, job_id: str, name: str, key: str) -> None:
+        job = self.jobs.get(job_id)
+        job.artifacts[name] = key
+        self.jobs.put(job)
+
+    def _event(
+        self,
+        job: jobs_pb2.Job,
+        kind: jobs_pb2.EventKind.ValueType,
+        message: str,
+        *,
+        stage: str = "",
+        progress: float = 0.0,
+        round_: int | None = None,
+        data: dict[str, str] | None = None,
+    ) -> str:
+        event = jobs_pb2.JobEvent(
+            schema_version=SCHEMA_VERSION,
+            job_id=job.job_id,
+            at=_now(),
+            kind=kind,
+            state=job.status.state,
+            stage=stage,
+            round=job.status.round if round_ is None else round_,
+            message=message,
+            progress=progress,
+            data=data or {},
+        )
+        return self.jobs.append_event(event)
+
+
+def _with_defaults(spec: jobs_pb2.JobSpec) -> jobs_pb2.JobSpec:
+    out = jobs_pb2.JobSpec()
+    out.CopyFrom(spec)
+    if not out.HasField("options"):
+        out.options.CopyFrom(DEFAULT_OPTIONS)
+    else:
+        opts = out.options
+        opts.coder_backend = opts.coder_backend or "builtin"
+        opts.samples = opts.samples or 1
+        opts.stagnation_rounds = opts.stagnation_rounds or 2
+    return out
