@@ -246,8 +246,8 @@ def observe_stage(stage: str) -> Iterator[None]:
         STAGE_SECONDS.observe(time.perf_counter() - start, stage=stage)
 
 
-_DEVICE_LABELS = {jobs_pb2.DEVICE_CPU: "cpu", jobs_pb2.DEVICE_CUDA: "cuda"}
-_STATE_LABELS = {
+_DEVICE_LABELS: dict[int, str] = {jobs_pb2.DEVICE_CPU: "cpu", jobs_pb2.DEVICE_CUDA: "cuda"}
+_STATE_LABELS: dict[int, str] = {
     jobs_pb2.JOB_STATE_SUCCEEDED: "succeeded",
     jobs_pb2.JOB_STATE_FAILED: "failed",
     jobs_pb2.JOB_STATE_CANCELLED: "cancelled",
@@ -257,11 +257,11 @@ _STATE_LABELS = {
 def device_label(device: int | str) -> str:
     if isinstance(device, str):
         return device if device in ("cpu", "cuda") else "unspecified"
-    return _DEVICE_LABELS.get(device, "unspecified")  # type: ignore[call-overload]
+    return _DEVICE_LABELS.get(device, "unspecified")
 
 
 def state_label(state: int) -> str:
-    return _STATE_LABELS.get(state, "other")  # type: ignore[call-overload]
+    return _STATE_LABELS.get(state, "other")
 
 
 def verdict_reason_rule(verdict: verify_pb2.Verdict) -> str:
