@@ -1,6 +1,7 @@
 """The candidate format: folders, single-file KernelBench candidates, and the standalone export."""
 
 import pytest
+
 from stitchcuda.api.v1 import code_pb2
 from stitchcuda.shared.candidate import (
     content_hash,

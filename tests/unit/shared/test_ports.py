@@ -4,6 +4,7 @@ import threading
 import time
 
 import pytest
+
 from stitchcuda.api.v1 import jobs_pb2, messages_pb2
 from stitchcuda.shared.artifacts import Keys, LocalArtifactStore, MemoryArtifactStore
 from stitchcuda.shared.envelope import SCHEMA_VERSION, decode, encode, new_envelope

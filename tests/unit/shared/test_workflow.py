@@ -1,6 +1,7 @@
 """The workflow over in-memory stores and the in-process transport, with scripted services."""
 
 import pytest
+
 from stitchcuda.api.v1 import code_pb2, jobs_pb2, plan_pb2, verify_pb2
 from stitchcuda.shared import transport
 from stitchcuda.shared.artifacts import MemoryArtifactStore
@@ -8,7 +9,6 @@ from stitchcuda.shared.envelope import decode
 from stitchcuda.shared.errors import ProblemError
 from stitchcuda.shared.jobstore import MemoryJobStore
 from stitchcuda.shared.workflow import Workflow
-
 from tests.conftest import problem_source
 
 MODEL_NEW = "import torch\nimport ext_demo as ext\n\nclass ModelNew(torch.nn.Module):\n    pass\n"
