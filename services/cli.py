@@ -194,6 +194,7 @@ def verify(
 
 def verdict_json(verdict: Any) -> dict[str, Any]:
     from google.protobuf.json_format import MessageToDict
+
     from stitchcuda.api.v1 import verify_pb2
 
     severity = {

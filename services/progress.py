@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.status import Status
 from rich.table import Table
+
 from stitchcuda.api.v1 import jobs_pb2, verify_pb2
 
 _STYLE = {

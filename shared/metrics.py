@@ -35,6 +35,7 @@ def _load_client() -> ModuleType | None:
 
 
 _prom = _load_client()
+_core = importlib.import_module("prometheus_client.core") if _prom is not None else None
 ENABLED = _prom is not None
 
 Kind = Literal["counter", "histogram", "gauge"]
@@ -319,8 +320,8 @@ class QueueDepthCollector:
         self.queues = tuple(queues)
 
     def _family(self) -> Any:
-        assert _prom is not None
-        return _prom.core.GaugeMetricFamily(
+        assert _core is not None
+        return _core.GaugeMetricFamily(
             QUEUE_DEPTH_SPEC.name, QUEUE_DEPTH_SPEC.help, labels=list(QUEUE_DEPTH_SPEC.labels)
         )
 
@@ -365,6 +366,11 @@ def register_collector(collector: Any) -> None:
     """Adds a collector (e.g. a QueueDepthCollector) to what this process serves on /metrics."""
     if not any(existing is collector for existing in _extra_collectors):
         _extra_collectors.append(collector)
+
+
+def unregister_collector(collector: Any) -> None:
+    """Stops serving a collector added by register_collector (tests, shutdown)."""
+    _extra_collectors[:] = [c for c in _extra_collectors if c is not collector]
 
 
 def _serving_registry() -> Any:

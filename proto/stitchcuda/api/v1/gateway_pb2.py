@@ -22,32 +22,37 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from stitchcuda.api.v1 import jobs_pb2 as stitchcuda_dot_api_dot_v1_dot_jobs__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fstitchcuda/api/v1/gateway.proto\x12\x11stitchcuda.api.v1\x1a\x1cstitchcuda/api/v1/jobs.proto\"9\n\rSubmitRequest\x12(\n\x04spec\x18\x01 \x01(\x0b\x32\x1a.stitchcuda.api.v1.JobSpec\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"1\n\x0cWatchRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\t\"/\n\rCancelRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"d\n\x0fListJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.stitchcuda.api.v1.JobState\"Q\n\x10ListJobsResponse\x12$\n\x04jobs\x18\x01 \x03(\x0b\x32\x16.stitchcuda.api.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"/\n\x0f\x44ownloadRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"O\n\rArtifactChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x12\n\ntotal_size\x18\x04 \x01(\x04\x32\xcb\x03\n\nJobService\x12\x42\n\x06Submit\x12 .stitchcuda.api.v1.SubmitRequest\x1a\x16.stitchcuda.api.v1.Job\x12?\n\x03Get\x12 .stitchcuda.api.v1.GetJobRequest\x1a\x16.stitchcuda.api.v1.Job\x12G\n\x05Watch\x12\x1f.stitchcuda.api.v1.WatchRequest\x1a\x1b.stitchcuda.api.v1.JobEvent0\x01\x12\x42\n\x06\x43\x61ncel\x12 .stitchcuda.api.v1.CancelRequest\x1a\x16.stitchcuda.api.v1.Job\x12O\n\x04List\x12\".stitchcuda.api.v1.ListJobsRequest\x1a#.stitchcuda.api.v1.ListJobsResponse\x12Z\n\x10\x44ownloadArtifact\x12\".stitchcuda.api.v1.DownloadRequest\x1a .stitchcuda.api.v1.ArtifactChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fstitchcuda/api/v1/gateway.proto\x12\x11stitchcuda.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cstitchcuda/api/v1/jobs.proto\"Q\n\rSubmitRequest\x12(\n\x04spec\x18\x01 \x01(\x0b\x32\x1a.stitchcuda.api.v1.JobSpec\x12\x16\n\x0eschema_version\x18\x02 \x01(\r\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"1\n\x0cWatchRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\t\"/\n\rCancelRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"d\n\x0fListJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.stitchcuda.api.v1.JobState\"Q\n\x10ListJobsResponse\x12$\n\x04jobs\x18\x01 \x03(\x0b\x32\x16.stitchcuda.api.v1.Job\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"/\n\x0f\x44ownloadRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"O\n\rArtifactChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x12\n\ntotal_size\x18\x04 \x01(\x04\"E\n\x12\x41rtifactUrlRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\texpires_s\x18\x03 \x01(\r\"f\n\x0b\x41rtifactUrl\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12.\n\nexpires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04size\x18\x04 \x01(\x04\x32\xa4\x04\n\nJobService\x12\x42\n\x06Submit\x12 .stitchcuda.api.v1.SubmitRequest\x1a\x16.stitchcuda.api.v1.Job\x12?\n\x03Get\x12 .stitchcuda.api.v1.GetJobRequest\x1a\x16.stitchcuda.api.v1.Job\x12G\n\x05Watch\x12\x1f.stitchcuda.api.v1.WatchRequest\x1a\x1b.stitchcuda.api.v1.JobEvent0\x01\x12\x42\n\x06\x43\x61ncel\x12 .stitchcuda.api.v1.CancelRequest\x1a\x16.stitchcuda.api.v1.Job\x12O\n\x04List\x12\".stitchcuda.api.v1.ListJobsRequest\x1a#.stitchcuda.api.v1.ListJobsResponse\x12Z\n\x10\x44ownloadArtifact\x12\".stitchcuda.api.v1.DownloadRequest\x1a .stitchcuda.api.v1.ArtifactChunk0\x01\x12W\n\x0eGetArtifactUrl\x12%.stitchcuda.api.v1.ArtifactUrlRequest\x1a\x1e.stitchcuda.api.v1.ArtifactUrlb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stitchcuda.api.v1.gateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SUBMITREQUEST']._serialized_start=84
-  _globals['_SUBMITREQUEST']._serialized_end=141
-  _globals['_GETJOBREQUEST']._serialized_start=143
-  _globals['_GETJOBREQUEST']._serialized_end=174
-  _globals['_WATCHREQUEST']._serialized_start=176
-  _globals['_WATCHREQUEST']._serialized_end=225
-  _globals['_CANCELREQUEST']._serialized_start=227
-  _globals['_CANCELREQUEST']._serialized_end=274
-  _globals['_LISTJOBSREQUEST']._serialized_start=276
-  _globals['_LISTJOBSREQUEST']._serialized_end=376
-  _globals['_LISTJOBSRESPONSE']._serialized_start=378
-  _globals['_LISTJOBSRESPONSE']._serialized_end=459
-  _globals['_DOWNLOADREQUEST']._serialized_start=461
-  _globals['_DOWNLOADREQUEST']._serialized_end=508
-  _globals['_ARTIFACTCHUNK']._serialized_start=510
-  _globals['_ARTIFACTCHUNK']._serialized_end=589
-  _globals['_JOBSERVICE']._serialized_start=592
-  _globals['_JOBSERVICE']._serialized_end=1051
+  _globals['_SUBMITREQUEST']._serialized_start=117
+  _globals['_SUBMITREQUEST']._serialized_end=198
+  _globals['_GETJOBREQUEST']._serialized_start=200
+  _globals['_GETJOBREQUEST']._serialized_end=231
+  _globals['_WATCHREQUEST']._serialized_start=233
+  _globals['_WATCHREQUEST']._serialized_end=282
+  _globals['_CANCELREQUEST']._serialized_start=284
+  _globals['_CANCELREQUEST']._serialized_end=331
+  _globals['_LISTJOBSREQUEST']._serialized_start=333
+  _globals['_LISTJOBSREQUEST']._serialized_end=433
+  _globals['_LISTJOBSRESPONSE']._serialized_start=435
+  _globals['_LISTJOBSRESPONSE']._serialized_end=516
+  _globals['_DOWNLOADREQUEST']._serialized_start=518
+  _globals['_DOWNLOADREQUEST']._serialized_end=565
+  _globals['_ARTIFACTCHUNK']._serialized_start=567
+  _globals['_ARTIFACTCHUNK']._serialized_end=646
+  _globals['_ARTIFACTURLREQUEST']._serialized_start=648
+  _globals['_ARTIFACTURLREQUEST']._serialized_end=717
+  _globals['_ARTIFACTURL']._serialized_start=719
+  _globals['_ARTIFACTURL']._serialized_end=821
+  _globals['_JOBSERVICE']._serialized_start=824
+  _globals['_JOBSERVICE']._serialized_end=1372
 # @@protoc_insertion_point(module_scope)

@@ -6,6 +6,7 @@ The public API: submit, inspect, watch and cancel jobs, and download their artif
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from stitchcuda.api.v1 import jobs_pb2 as _jobs_pb2
 import builtins as _builtins
@@ -24,16 +25,20 @@ class SubmitRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SPEC_FIELD_NUMBER: _builtins.int
+    SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
+    schema_version: _builtins.int
+    """Version of these contracts the client was built with; the gateway rejects newer ones."""
     @_builtins.property
     def spec(self) -> _jobs_pb2.JobSpec: ...
     def __init__(
         self,
         *,
         spec: _jobs_pb2.JobSpec | None = ...,
+        schema_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schema_version", b"schema_version", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -201,3 +206,59 @@ class ArtifactChunk(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ArtifactChunk: _TypeAlias = ArtifactChunk  # noqa: Y015
+
+@_typing.final
+class ArtifactUrlRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    EXPIRES_S_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    name: _builtins.str
+    expires_s: _builtins.int
+    """Lifetime of the URL (0 = the gateway's default, at most 7 days)."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        expires_s: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_s", b"expires_s", "job_id", b"job_id", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ArtifactUrlRequest: _TypeAlias = ArtifactUrlRequest  # noqa: Y015
+
+@_typing.final
+class ArtifactUrl(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    url: _builtins.str
+    """A presigned S3 GET URL; empty when the artifact store cannot presign (local or memory store)."""
+    size: _builtins.int
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        url: _builtins.str = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+        size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "name", b"name", "size", b"size", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ArtifactUrl: _TypeAlias = ArtifactUrl  # noqa: Y015

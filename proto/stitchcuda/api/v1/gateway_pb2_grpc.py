@@ -65,6 +65,11 @@ class JobServiceStub:
                 request_serializer=stitchcuda_dot_api_dot_v1_dot_gateway__pb2.DownloadRequest.SerializeToString,
                 response_deserializer=stitchcuda_dot_api_dot_v1_dot_gateway__pb2.ArtifactChunk.FromString,
                 _registered_method=True)
+        self.GetArtifactUrl = channel.unary_unary(
+                '/stitchcuda.api.v1.JobService/GetArtifactUrl',
+                request_serializer=stitchcuda_dot_api_dot_v1_dot_gateway__pb2.ArtifactUrlRequest.SerializeToString,
+                response_deserializer=stitchcuda_dot_api_dot_v1_dot_gateway__pb2.ArtifactUrl.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -106,6 +111,12 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetArtifactUrl(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -138,6 +149,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.DownloadArtifact,
                     request_deserializer=stitchcuda_dot_api_dot_v1_dot_gateway__pb2.DownloadRequest.FromString,
                     response_serializer=stitchcuda_dot_api_dot_v1_dot_gateway__pb2.ArtifactChunk.SerializeToString,
+            ),
+            'GetArtifactUrl': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetArtifactUrl,
+                    request_deserializer=stitchcuda_dot_api_dot_v1_dot_gateway__pb2.ArtifactUrlRequest.FromString,
+                    response_serializer=stitchcuda_dot_api_dot_v1_dot_gateway__pb2.ArtifactUrl.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -302,6 +318,33 @@ class JobService:
             '/stitchcuda.api.v1.JobService/DownloadArtifact',
             stitchcuda_dot_api_dot_v1_dot_gateway__pb2.DownloadRequest.SerializeToString,
             stitchcuda_dot_api_dot_v1_dot_gateway__pb2.ArtifactChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetArtifactUrl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/stitchcuda.api.v1.JobService/GetArtifactUrl',
+            stitchcuda_dot_api_dot_v1_dot_gateway__pb2.ArtifactUrlRequest.SerializeToString,
+            stitchcuda_dot_api_dot_v1_dot_gateway__pb2.ArtifactUrl.FromString,
             options,
             channel_credentials,
             insecure,

@@ -38,6 +38,7 @@ class JobServiceStub:
     Cancel: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CancelRequest, _jobs_pb2.Job]
     List: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListJobsRequest, _gateway_pb2.ListJobsResponse]
     DownloadArtifact: _grpc.UnaryStreamMultiCallable[_gateway_pb2.DownloadRequest, _gateway_pb2.ArtifactChunk]
+    GetArtifactUrl: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ArtifactUrlRequest, _gateway_pb2.ArtifactUrl]
 
 @_typing.type_check_only
 class JobServiceAsyncStub(JobServiceStub):
@@ -48,6 +49,7 @@ class JobServiceAsyncStub(JobServiceStub):
     Cancel: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CancelRequest, _jobs_pb2.Job]  # type: ignore[assignment]
     List: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListJobsRequest, _gateway_pb2.ListJobsResponse]  # type: ignore[assignment]
     DownloadArtifact: _aio.UnaryStreamMultiCallable[_gateway_pb2.DownloadRequest, _gateway_pb2.ArtifactChunk]  # type: ignore[assignment]
+    GetArtifactUrl: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ArtifactUrlRequest, _gateway_pb2.ArtifactUrl]  # type: ignore[assignment]
 
 class JobServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -91,5 +93,12 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.DownloadRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_gateway_pb2.ArtifactChunk], _abc.AsyncIterator[_gateway_pb2.ArtifactChunk]]: ...
+
+    @_abc_1.abstractmethod
+    def GetArtifactUrl(
+        self,
+        request: _gateway_pb2.ArtifactUrlRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ArtifactUrl, _abc.Awaitable[_gateway_pb2.ArtifactUrl]]: ...
 
 def add_JobServiceServicer_to_server(servicer: JobServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

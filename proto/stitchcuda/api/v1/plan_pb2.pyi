@@ -150,15 +150,23 @@ class OpNode(_message.Message):
     ARGS_FIELD_NUMBER: _builtins.int
     KWARGS_FIELD_NUMBER: _builtins.int
     OUTPUTS_FIELD_NUMBER: _builtins.int
+    ATEN_OPS_FIELD_NUMBER: _builtins.int
+    LINE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     target: _builtins.str
     """ATen / torch target, e.g. "aten.relu", "torch.nn.functional.linear"."""
+    line: _builtins.int
+    """The line of the reference program that created the node (0 when unknown)."""
     @_builtins.property
     def args(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def kwargs(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
     def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorSpec]: ...
+    @_builtins.property
+    def aten_ops(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The ATen ops the node dispatches to, in first-seen order (from a meta-device run), e.g. "aten.addmm"."""
+
     def __init__(
         self,
         *,
@@ -167,10 +175,12 @@ class OpNode(_message.Message):
         args: _abc.Iterable[_builtins.str] | None = ...,
         kwargs: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         outputs: _abc.Iterable[Global___TensorSpec] | None = ...,
+        aten_ops: _abc.Iterable[_builtins.str] | None = ...,
+        line: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "kwargs", b"kwargs", "name", b"name", "outputs", b"outputs", "target", b"target"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "aten_ops", b"aten_ops", "kwargs", b"kwargs", "line", b"line", "name", b"name", "outputs", b"outputs", "target", b"target"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -193,6 +203,8 @@ class Subtask(_message.Message):
     PRIORITY_FIELD_NUMBER: _builtins.int
     LIBRARY_CALL_FIELD_NUMBER: _builtins.int
     NOTES_FIELD_NUMBER: _builtins.int
+    BOUND_FIELD_NUMBER: _builtins.int
+    DEPENDS_ON_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     kind: Global___SubtaskKind.ValueType
     anchor: _builtins.str
@@ -205,12 +217,18 @@ class Subtask(_message.Message):
     library_call: _builtins.bool
     """The op stays in a vendor library (cuBLAS/cuDNN) with its epilogue fused around the call."""
     notes: _builtins.str
+    bound: _builtins.str
+    """"memory" or "compute": the subtask's FLOPs/bytes against the ridge point of the device ceilings."""
     @_builtins.property
     def ops(self) -> _containers.RepeatedCompositeFieldContainer[Global___OpNode]: ...
     @_builtins.property
     def inputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorSpec]: ...
     @_builtins.property
     def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TensorSpec]: ...
+    @_builtins.property
+    def depends_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Ids of the subtasks whose outputs this one reads."""
+
     def __init__(
         self,
         *,
@@ -227,14 +245,53 @@ class Subtask(_message.Message):
         priority: _builtins.int = ...,
         library_call: _builtins.bool = ...,
         notes: _builtins.str = ...,
+        bound: _builtins.str = ...,
+        depends_on: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["anchor", b"anchor", "bytes", b"bytes", "floor_ms", b"floor_ms", "flops", b"flops", "id", b"id", "inputs", b"inputs", "kind", b"kind", "library_call", b"library_call", "notes", b"notes", "ops", b"ops", "outputs", b"outputs", "priority", b"priority", "time_share", b"time_share"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["anchor", b"anchor", "bound", b"bound", "bytes", b"bytes", "depends_on", b"depends_on", "floor_ms", b"floor_ms", "flops", b"flops", "id", b"id", "inputs", b"inputs", "kind", b"kind", "library_call", b"library_call", "notes", b"notes", "ops", b"ops", "outputs", b"outputs", "priority", b"priority", "time_share", b"time_share"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Subtask: _TypeAlias = Subtask  # noqa: Y015
+
+@_typing.final
+class Ceilings(_message.Message):
+    """The roofline ceilings a plan's floors were computed on."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEVICE_NAME_FIELD_NUMBER: _builtins.int
+    BANDWIDTH_GBPS_FIELD_NUMBER: _builtins.int
+    VECTOR_TFLOPS_FIELD_NUMBER: _builtins.int
+    MATRIX_TFLOPS_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    device_name: _builtins.str
+    bandwidth_gbps: _builtins.float
+    """Memory bandwidth, GB/s."""
+    vector_tflops: _builtins.float
+    """Peak of general (non-matrix-unit) arithmetic in the problem's dtype, TFLOP/s."""
+    matrix_tflops: _builtins.float
+    """Peak of GEMM/conv/attention arithmetic (tensor cores where allowed), TFLOP/s."""
+    source: _builtins.str
+    """Where the numbers come from ("settings", "measured")."""
+    def __init__(
+        self,
+        *,
+        device_name: _builtins.str = ...,
+        bandwidth_gbps: _builtins.float = ...,
+        vector_tflops: _builtins.float = ...,
+        matrix_tflops: _builtins.float = ...,
+        source: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bandwidth_gbps", b"bandwidth_gbps", "device_name", b"device_name", "matrix_tflops", b"matrix_tflops", "source", b"source", "vector_tflops", b"vector_tflops"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Ceilings: _TypeAlias = Ceilings  # noqa: Y015
 
 @_typing.final
 class Orchestration(_message.Message):
@@ -293,6 +350,13 @@ class Plan(_message.Message):
     LAST_RESORT_FIELD_NUMBER: _builtins.int
     PLANNER_FIELD_NUMBER: _builtins.int
     DTYPE_FIELD_NUMBER: _builtins.int
+    KERNELS_FIELD_NUMBER: _builtins.int
+    CAPTURE_FIELD_NUMBER: _builtins.int
+    CEILINGS_FIELD_NUMBER: _builtins.int
+    PROFILER_FIELD_NUMBER: _builtins.int
+    INPUT_BYTES_FIELD_NUMBER: _builtins.int
+    PARAMETER_BYTES_FIELD_NUMBER: _builtins.int
+    TORCH_VERSION_FIELD_NUMBER: _builtins.int
     schema_version: _builtins.int
     problem_name: _builtins.str
     reference_sha256: _builtins.str
@@ -307,6 +371,14 @@ class Plan(_message.Message):
     planner: _builtins.str
     dtype: _builtins.str
     """The dtype the problem computes in ("float32", ...); precision below it is a downgrade."""
+    capture: _builtins.str
+    """How the graph was captured: "fx", "export" (torch.export, ATen-level names) or "none"."""
+    profiler: _builtins.str
+    """What measured the times: "torch.profiler (cpu)", "torch.profiler (cuda)", "nsys + torch.profiler", ""."""
+    input_bytes: _builtins.float
+    """Bytes of the reference's inputs and of its parameters and buffers."""
+    parameter_bytes: _builtins.float
+    torch_version: _builtins.str
     @_builtins.property
     def subtasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___Subtask]: ...
     @_builtins.property
@@ -321,6 +393,12 @@ class Plan(_message.Message):
     def orchestration(self) -> Global___Orchestration: ...
     @_builtins.property
     def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def kernels(self) -> _containers.RepeatedCompositeFieldContainer[Global___OpProfile]:
+        """Top kernels (CUDA) or ATen ops (CPU) of the reference by time: node is empty, op is the kernel name."""
+
+    @_builtins.property
+    def ceilings(self) -> Global___Ceilings: ...
     def __init__(
         self,
         *,
@@ -343,10 +421,17 @@ class Plan(_message.Message):
         last_resort: _builtins.bool = ...,
         planner: _builtins.str = ...,
         dtype: _builtins.str = ...,
+        kernels: _abc.Iterable[Global___OpProfile] | None = ...,
+        capture: _builtins.str = ...,
+        ceilings: Global___Ceilings | None = ...,
+        profiler: _builtins.str = ...,
+        input_bytes: _builtins.float = ...,
+        parameter_bytes: _builtins.float = ...,
+        torch_version: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["orchestration", b"orchestration"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ceilings", b"ceilings", "orchestration", b"orchestration"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compile_ms", b"compile_ms", "device", b"device", "dtype", b"dtype", "eager_ms", b"eager_ms", "floor_ms", b"floor_ms", "inputs", b"inputs", "last_resort", b"last_resort", "orchestration", b"orchestration", "outputs", b"outputs", "parameters", b"parameters", "planner", b"planner", "problem_name", b"problem_name", "profile", b"profile", "reference_sha256", b"reference_sha256", "schema_version", b"schema_version", "subtasks", b"subtasks", "total_bytes", b"total_bytes", "total_flops", b"total_flops", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capture", b"capture", "ceilings", b"ceilings", "compile_ms", b"compile_ms", "device", b"device", "dtype", b"dtype", "eager_ms", b"eager_ms", "floor_ms", b"floor_ms", "input_bytes", b"input_bytes", "inputs", b"inputs", "kernels", b"kernels", "last_resort", b"last_resort", "orchestration", b"orchestration", "outputs", b"outputs", "parameter_bytes", b"parameter_bytes", "parameters", b"parameters", "planner", b"planner", "problem_name", b"problem_name", "profile", b"profile", "profiler", b"profiler", "reference_sha256", b"reference_sha256", "schema_version", b"schema_version", "subtasks", b"subtasks", "torch_version", b"torch_version", "total_bytes", b"total_bytes", "total_flops", b"total_flops", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,660 @@
+"""Code generation shared by the CPU and CUDA back ends: C++ names, elementwise expressions, the
+per-kernel analysis (operands, scalars, reduction levels) and the host forward function that runs
+the program's steps (views, library calls, kernel launches) in order.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from stitchcuda.coder.synth.exprs import EW as EW_SPECS
+from stitchcuda.coder.synth.exprs import float_literal, pow_const
+from stitchcuda.coder.synth.fusion import Kernel, Operand, Program
+from stitchcuda.coder.synth.ir import (
+    EW,
+    HOST,
+    INPUT,
+    ITEM,
+    LIB,
+    PARAM,
+    REDUCE,
+    VIEW,
+    Attr,
+    Const,
+    Graph,
+    Op,
+    Ref,
+    Unsupported,
+)
+
+CTYPE = {"float32": "float", "bool": "bool", "int64": "int64_t"}
+AT_DTYPE = {"float32": "at::kFloat", "bool": "at::kBool", "int64": "at::kLong"}
+
+
+def cname(ident: str) -> str:
+    return re.sub(r"\W", "_", ident)
+
+
+def tensor_var(ident: str) -> str:
+    return "T_" + cname(ident)
+
+
+def host_var(ident: str) -> str:
+    return "H_" + cname(ident)
+
+
+def local_var(ident: str) -> str:
+    return "v_" + cname(ident)
+
+
+def cpp_list(items: list[str]) -> str:
+    return "{" + ", ".join(items) + "}"
+
+
+class Scope:
+    """Emits the C++ lines computing requested values, each at most once, in dependency order."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        ops: dict[str, Op],
+        scalar: Callable[[Any], str],
+        load: Callable[[str], str],
+        parent: Scope | None = None,
+    ) -> None:
+        self.graph = graph
+        self.ops = ops
+        self.scalar = scalar
+        self.load = load
+        self.names: dict[str, str] = dict(parent.names) if parent else {}
+        self.lines: list[str] = []
+
+    def arg(self, a: Any) -> str:
+        if isinstance(a, Ref):
+            v = self.graph.values[a.id]
+            if v.kind != "tensor":
+                return self.scalar(a)
+            return self.need(a.id)
+        if isinstance(a, Const):
+            if isinstance(a.value, bool):
+                return "true" if a.value else "false"
+            return float_literal(float(a.value))
+        if isinstance(a, Attr):
+            return self.scalar(a)
+        raise Unsupported(f"argument {a!r} in a kernel")
+
+    def need(self, ident: str) -> str:
+        if ident in self.names:
+            return self.names[ident]
+        op = self.ops.get(ident)
+        if op is None or op.kind != EW:
+            name = self.load(ident)
+            self.names[ident] = name
+            return name
+        spec = EW_SPECS[op.fn]
+        if op.fn == "pow" and isinstance(op.args[1], Const):
+            expr = pow_const(self.arg(op.args[0]), float(op.args[1].value))
+        else:
+            expr = spec.emit([self.arg(a) for a in op.args])
+        ctype = CTYPE[self.graph.values[ident].dtype]
+        name = local_var(ident)
+        if spec.result == "float" and ctype == "float":
+            expr = f"static_cast<float>({expr})"
+        self.lines.append(f"const {ctype} {name} = {expr};")
+        self.names[ident] = name
+        return name
+
+
+@dataclass
+class Reduction:
+    op: Op
+    level: int
+
+
+@dataclass
+class KernelInfo:
+    """What a back end needs to emit one kernel."""
+
+    kernel: Kernel
+    operands: list[Operand]
+    general: list[int]
+    # (host expression, key) per scalar parameter, in parameter order.
+    scalars: list[tuple[str, str]]
+    ops: dict[str, Op]
+    reductions: list[Reduction] = field(default_factory=list)
+    row_level: dict[str, bool] = field(default_factory=dict)
+    levels: dict[str, int] = field(default_factory=dict)
+    max_level: int = 0
+
+    def operand_index(self, ident: str, domain: str = "main") -> int:
+        for i, o in enumerate(self.operands):
+            if o.id == ident and o.domain == domain:
+                return i
+        raise KeyError(ident)
+
+
+def analyze(graph: Graph, kernel: Kernel) -> KernelInfo:
+    ops = {op.out: op for op in kernel.ops}
+    scalars: dict[str, str] = {}
+    for op in kernel.ops:
+        for a in op.args:
+            if isinstance(a, Attr):
+                scalars.setdefault(f"attr:{a.path}", attr_var(a.path))
+            elif isinstance(a, Ref) and graph.values[a.id].kind in ("int", "float", "bool"):
+                scalars.setdefault(f"host:{a.id}", host_var(a.id))
+    info = KernelInfo(
+        kernel,
+        kernel.operands,
+        [i for i, o in enumerate(kernel.operands) if o.access == "general"],
+        [(expr, key) for key, expr in scalars.items()],
+        ops,
+    )
+    if kernel.kind == "row":
+        classify_row(graph, info)
+    return info
+
+
+def attr_var(path: str) -> str:
+    return "A_" + cname(path)
+
+
+def classify_row(graph: Graph, info: KernelInfo) -> None:
+    k = info.kernel
+    domain = graph.values[k.domain].shape
+    rank = len(domain)
+
+    def operand_is_row(ident: str) -> bool:
+        shape = graph.values[ident].shape
+        offset = rank - len(shape)
+        return all(d - offset < 0 or shape[d - offset] == 1 for d in k.reduce_dims)
+
+    levels: dict[str, int] = {}
+    row: dict[str, bool] = {}
+
+    def visit(ident: str) -> tuple[int, bool]:
+        if ident in levels:
+            return levels[ident], row[ident]
+        op = info.ops.get(ident)
+        if op is None:
+            lv, rw = 0, operand_is_row(ident)
+        elif op.kind == REDUCE:
+            lv, _ = visit(op.args[0].id)
+            lv, rw = lv + 1, True
+        else:
+            lv, rw = 0, True
+            for a in op.args:
+                if isinstance(a, Ref) and graph.values[a.id].kind == "tensor":
+                    al, ar = visit(a.id)
+                    lv, rw = max(lv, al), rw and ar
+        levels[ident], row[ident] = lv, rw
+        return lv, rw
+
+    for ident in info.ops:
+        visit(ident)
+    info.levels, info.row_level = levels, row
+    info.reductions = [Reduction(op, levels[op.out]) for op in k.ops if op.kind == REDUCE]
+    info.max_level = max((r.level for r in info.reductions), default=0)
+
+
+def acc_type(fn: str, variant_acc: str, default_double: bool) -> str:
+    if fn in ("amax", "amin"):
+        return "float"
+    if fn in ("argmax", "argmin"):
+        return "stitch::ArgAcc"
+    if variant_acc == "double" or (variant_acc == "auto" and default_double):
+        return "double"
+    return "float"
+
+
+def acc_init(fn: str, acc: str) -> str:
+    return {
+        "sum": f"static_cast<{acc}>(0)",
+        "mean": f"static_cast<{acc}>(0)",
+        "prod": f"static_cast<{acc}>(1)",
+        "amax": "-INFINITY",
+        "amin": "INFINITY",
+        "argmax": "stitch::ArgAcc{-INFINITY, 0}",
+        "argmin": "stitch::ArgAcc{INFINITY, 0}",
+    }[fn]
+
+
+def acc_update(fn: str, acc: str, name: str, value: str, index: str) -> str:
+    if fn in ("sum", "mean"):
+        return f"{name} += static_cast<{acc}>({value});"
+    if fn == "prod":
+        return f"{name} *= static_cast<{acc}>({value});"
+    if fn == "amax":
+        return f"{name} = stitch::st_max_nan({name}, {value});"
+    if fn == "amin":
+        return f"{name} = stitch::st_min_nan({name}, {value});"
+    want = "true" if fn == "argmax" else "false"
+    return f"{name} = stitch::arg_combine({name}, stitch::ArgAcc{{{value}, {index}}}, {want});"
+
+
+def acc_combine(fn: str, a: str, b: str) -> str:
+    if fn in ("sum", "mean"):
+        return f"({a} + {b})"
+    if fn == "prod":
+        return f"({a} * {b})"
+    if fn == "amax":
+        return f"stitch::st_max_nan({a}, {b})"
+    if fn == "amin":
+        return f"stitch::st_min_nan({a}, {b})"
+    want = "true" if fn == "argmax" else "false"
+    return f"stitch::arg_combine({a}, {b}, {want})"
+
+
+def acc_final(fn: str, acc: str, name: str, count: str) -> str:
+    if fn == "mean":
+        return f"static_cast<float>({name} / static_cast<{acc}>({count}))"
+    if fn in ("argmax", "argmin"):
+        return f"{name}.i"
+    return f"static_cast<float>({name})"
+
+
+# ---- host program ------------------------------------------------------------------------------------
+class Host:
+    """Writes the body of `forward`: checks, host ops, library calls and kernel launches."""
+
+    def __init__(self, program: Program, backend: str, launch: Callable[[KernelInfo, Host], list[str]]) -> None:
+        self.p = program
+        self.g = program.graph
+        self.backend = backend
+        self.launch = launch
+        self.lines: list[str] = []
+
+    def scalar_expr(self, a: Any) -> str:
+        if isinstance(a, Const):
+            if a.value is None:
+                return "c10::nullopt"
+            if isinstance(a.value, bool):
+                return "true" if a.value else "false"
+            if isinstance(a.value, int):
+                return str(a.value)
+            return repr(float(a.value))
+        if isinstance(a, Attr):
+            return attr_var(a.path)
+        if isinstance(a, Ref):
+            v = self.g.values[a.id]
+            if v.kind == "tensor":
+                return tensor_var(a.id)
+            return host_var(a.id)
+        if a is None:
+            return "c10::nullopt"
+        if isinstance(a, int | float):
+            return repr(a)
+        raise Unsupported(f"host argument {a!r}")
+
+    def int_list(self, items: Any) -> str:
+        if isinstance(items, Ref) and self.g.values[items.id].kind == "shape":
+            return host_var(items.id)
+        if not isinstance(items, list):
+            items = [items]
+        parts = []
+        for x in items:
+            if isinstance(x, Ref) and self.g.values[x.id].kind == "shape":
+                raise Unsupported("a shape nested inside a size list")
+            parts.append(f"static_cast<int64_t>({self.scalar_expr(x)})")
+        return f"std::vector<int64_t>{cpp_list(parts)}"
+
+    def signature(self) -> tuple[str, list[str]]:
+        params = []
+        for ident, _ in self.g.inputs:
+            v = self.g.values[ident]
+            if v.kind == "tensor":
+                params.append(f"at::Tensor {tensor_var(ident)}")
+            elif v.kind == "float":
+                params.append(f"double {host_var(ident)}")
+            elif v.kind == "int":
+                params.append(f"int64_t {host_var(ident)}")
+            elif v.kind == "bool":
+                params.append(f"bool {host_var(ident)}")
+            else:
+                raise Unsupported(f"forward argument {ident} of kind {v.kind}")
+        for ident in self.g.params:
+            params.append(f"at::Tensor {tensor_var(ident)}")
+        for a in self.p.attrs:
+            params.append(f"double {attr_var(a.path)}")
+        if self.g.output_is_tuple:
+            ret = "std::tuple<" + ", ".join("at::Tensor" for _ in self.g.outputs) + ">"
+        else:
+            ret = "at::Tensor"
+        return ret, params
+
+    def first_tensor(self) -> str:
+        for ident, _ in self.g.inputs:
+            if self.g.values[ident].kind == "tensor":
+                return tensor_var(ident)
+        for ident in self.g.params:
+            return tensor_var(ident)
+        raise Unsupported("the forward has no tensor argument")
+
+    def body(self) -> list[str]:
+        out = self.lines
+        first = self.first_tensor()
+        tensors = [i for i, _ in self.g.inputs if self.g.values[i].kind == "tensor"] + list(self.g.params)
+        for ident in tensors:
+            name = tensor_var(ident)
+            out.append(f'TORCH_CHECK({name}.scalar_type() == at::kFloat, "{ident} must be float32");')
+            if self.backend == "cuda":
+                out.append(f'TORCH_CHECK({name}.is_cuda(), "{ident} must be a CUDA tensor");')
+            else:
+                out.append(f'TORCH_CHECK({name}.device().is_cpu(), "{ident} must be a CPU tensor");')
+        if self.backend == "cuda":
+            out.append(f"const c10::cuda::CUDAGuard device_guard({first}.device());")
+        out.append(f"const auto opts = {first}.options();")
+        for step in self.p.steps:
+            if step.kernel is not None:
+                out.extend(self.launch(analyze(self.g, step.kernel), self))
+            elif step.op is not None:
+                out.extend(self.host_op(step.op))
+        results = [tensor_var(o) for o in self.g.outputs]
+        if self.g.output_is_tuple:
+            out.append(f"return std::make_tuple({', '.join(results)});")
+        else:
+            out.append(f"return {results[0]};")
+        return out
+
+    # ---- host ops -------------------------------------------------------------------------------
+    def host_op(self, op: Op) -> list[str]:
+        if op.kind in (INPUT, PARAM):
+            return []
+        if op.kind == VIEW:
+            return [f"at::Tensor {tensor_var(op.out)} = {self.view_expr(op)};"]
+        if op.kind == LIB:
+            return [f"at::Tensor {tensor_var(op.out)} = {self.lib_expr(op)};"]
+        if op.kind == HOST:
+            return self.host_scalar(op)
+        if op.kind == ITEM:
+            raise Unsupported(f"{op.origin}: indexing a list result")
+        raise Unsupported(f"{op.origin}: host step {op.kind}")
+
+    def host_scalar(self, op: Op) -> list[str]:
+        v = self.g.values[op.out]
+        name = host_var(op.out)
+        a = [self.scalar_expr(x) for x in op.args if not isinstance(x, str | tuple)]
+        fn = op.fn
+        if fn == "tuple":
+            return []
+        if fn == "size":
+            src = tensor_var(op.args[0].id)
+            if len(op.args) > 1:
+                return [f"const int64_t {name} = {src}.size({a[1]});"]
+            return [f"const std::vector<int64_t> {name} = {src}.sizes().vec();"]
+        if fn == "dim":
+            return [f"const int64_t {name} = {tensor_var(op.args[0].id)}.dim();"]
+        if fn == "numel":
+            return [f"const int64_t {name} = {tensor_var(op.args[0].id)}.numel();"]
+        if fn == "count":
+            src = tensor_var(op.args[0].id)
+            terms = " * ".join(f"{src}.size({d})" for d in op.attrs["dims"]) or "1"
+            return [f"const int64_t {name} = {terms};"]
+        if fn == "getitem":
+            src = self.g.values[op.args[0].id]
+            if src.kind != "shape":
+                raise Unsupported(f"{op.origin}: indexing a {src.kind}")
+            idx = op.args[1]
+            vec = host_var(op.args[0].id)
+            if isinstance(idx, Const) and isinstance(idx.value, int):
+                i = idx.value
+                pos = f"{vec}.size() - {-i}" if i < 0 else str(i)
+                return [f"const int64_t {name} = {vec}[{pos}];"]
+            if isinstance(idx, tuple) and idx[0] == "slice":
+                start, stop, step = idx[1:]
+                if step is not None and not (isinstance(step, Const) and step.value == 1):
+                    raise Unsupported(f"{op.origin}: strided slice of a shape")
+                s0 = self._shape_pos(start, vec, "0")
+                s1 = self._shape_pos(stop, vec, f"{vec}.size()")
+                return [f"const std::vector<int64_t> {name}({vec}.begin() + {s0}, {vec}.begin() + {s1});"]
+            raise Unsupported(f"{op.origin}: shape index {idx!r}")
+        ctype = {"int": "int64_t", "float": "double", "bool": "bool", "shape": "std::vector<int64_t>"}[v.kind]
+        binary = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "div": "/", "gt": ">", "lt": "<",
+                  "ge": ">=", "le": "<=", "eq": "==", "ne": "!="}  # fmt: skip
+        if fn in binary and len(a) == 2:
+            lhs = f"static_cast<double>({a[0]})" if fn in ("truediv", "div") else a[0]
+            return [f"const {ctype} {name} = static_cast<{ctype}>({lhs} {binary[fn]} {a[1]});"]
+        if fn == "floordiv" and len(a) == 2:
+            expr = f"std::floor(static_cast<double>({a[0]}) / static_cast<double>({a[1]}))"
+            return [f"const {ctype} {name} = static_cast<{ctype}>({expr});"]
+        if fn == "mod" and len(a) == 2:
+            expr = f"({a[0]}) - ({a[1]}) * std::floor(static_cast<double>({a[0]}) / static_cast<double>({a[1]}))"
+            return [f"const {ctype} {name} = static_cast<{ctype}>({expr});"]
+        if fn == "pow" and len(a) == 2:
+            return [f"const {ctype} {name} = static_cast<{ctype}>(std::pow(static_cast<double>({a[0]}), {a[1]}));"]
+        if fn == "neg":
+            return [f"const {ctype} {name} = -({a[0]});"]
+        if fn in ("sqrt", "exp", "log", "sin", "cos", "tan", "floor", "ceil", "fabs", "log2", "log10"):
+            return [f"const {ctype} {name} = static_cast<{ctype}>(std::{fn}(static_cast<double>({a[0]})));"]
+        if fn in ("int", "float", "abs", "max", "min", "round"):
+            if fn == "abs":
+                return [f"const {ctype} {name} = std::abs({a[0]});"]
+            if fn in ("max", "min") and len(a) == 2:
+                return [f"const {ctype} {name} = std::{fn}<{ctype}>({a[0]}, {a[1]});"]
+            if fn == "round":
+                return [f"const {ctype} {name} = static_cast<{ctype}>(std::nearbyint({a[0]}));"]
+            return [f"const {ctype} {name} = static_cast<{ctype}>({a[0]});"]
+        if fn == "len":
+            return [f"const int64_t {name} = static_cast<int64_t>({a[0]}.size());"]
+        raise Unsupported(f"{op.origin}: host computation {fn}")
+
+    def _shape_pos(self, x: Any, vec: str, default: str) -> str:
+        if x is None:
+            return default
+        if isinstance(x, Const) and isinstance(x.value, int):
+            return f"({vec}.size() - {-x.value})" if x.value < 0 else str(x.value)
+        raise Unsupported("a non-constant slice of a shape")
+
+    def view_expr(self, op: Op) -> str:
+        src = tensor_var(op.args[0].id)
+        fn = op.fn
+        attrs = op.attrs
+        if "shape" in attrs:
+            return f"{src}.reshape({self.int_list(attrs['shape'])})"
+        args = attrs.get("args", [])
+        kwargs = attrs.get("kwargs", {})
+        s = self.scalar_expr
+        if fn in ("view", "reshape"):
+            sizes = args if args else kwargs.get("shape", kwargs.get("size"))
+            if isinstance(sizes, list) and len(sizes) == 1 and isinstance(sizes[0], Ref):
+                sizes = sizes[0]
+            return f"{src}.{fn}({self.int_list(sizes)})"
+        if fn == "flatten":
+            start = args[0] if args else kwargs.get("start_dim", Const(0))
+            end = args[1] if len(args) > 1 else kwargs.get("end_dim", Const(-1))
+            return f"{src}.flatten({s(start)}, {s(end)})"
+        if fn == "unflatten":
+            return f"{src}.unflatten({s(args[0])}, {self.int_list(args[1])})"
+        if fn == "unsqueeze":
+            return f"{src}.unsqueeze({s(args[0] if args else kwargs['dim'])})"
+        if fn == "squeeze":
+            dim = args[0] if args else kwargs.get("dim")
+            if dim is None:
+                return f"{src}.squeeze()"
+            if isinstance(dim, list):
+                return f"{src}.squeeze({self.int_list(dim)})"
+            return f"{src}.squeeze({s(dim)})"
+        if fn == "squeeze_dims":
+            expr = src
+            for d in sorted(attrs["dims"], reverse=True):
+                expr = f"{expr}.squeeze({d})"
+            return expr
+        if fn == "reshape_like":
+            return f"{src}.reshape({tensor_var(attrs['like'].id)}.sizes())"
+        if fn in ("transpose", "swapaxes"):
+            d0 = args[0] if args else kwargs.get("dim0")
+            d1 = args[1] if len(args) > 1 else kwargs.get("dim1")
+            return f"{src}.transpose({s(d0)}, {s(d1)})"
+        if fn == "t":
+            return f"{src}.t()"
+        if fn == "permute":
+            dims = args if args else kwargs.get("dims")
+            return f"{src}.permute({self.int_list(dims)})"
+        if fn == "movedim":
+            return f"{src}.movedim({s(args[0])}, {s(args[1])})"
+        if fn == "expand":
+            sizes = args if args else kwargs.get("size")
+            if isinstance(sizes, list) and len(sizes) == 1 and isinstance(sizes[0], Ref):
+                sizes = sizes[0]
+            return f"{src}.expand({self.int_list(sizes)})"
+        if fn in ("expand_as", "view_as", "reshape_as"):
+            return f"{src}.{fn}({tensor_var(args[0].id)})"
+        if fn == "narrow":
+            return f"{src}.narrow({s(args[0])}, {s(args[1])}, {s(args[2])})"
+        if fn == "select":
+            return f"{src}.select({s(args[0])}, {s(args[1])})"
+        if fn == "index":
+            return self.index_expr(src, op)
+        raise Unsupported(f"{op.origin}: view {fn}")
+
+    def index_expr(self, src: str, op: Op) -> str:
+        items = op.attrs["index"]
+        rank = len(self.g.values[op.args[0].id].shape)
+        consumed = sum(1 for it in items if not (it is None or (isinstance(it, tuple) and it[0] == "ellipsis")))
+        expr, dim = src, 0
+        for it in items:
+            if it is None:
+                expr = f"{expr}.unsqueeze({dim})"
+                dim += 1
+            elif isinstance(it, tuple) and it[0] == "ellipsis":
+                dim += rank - consumed
+            elif isinstance(it, tuple) and it[0] == "slice":
+                start, stop, step = it[1:]
+                a = self.scalar_expr(start) if start is not None else "0"
+                b = self.scalar_expr(stop) if stop is not None else "std::numeric_limits<int64_t>::max()"
+                c = self.scalar_expr(step) if step is not None else "1"
+                expr = f"{expr}.slice({dim}, {a}, {b}, {c})"
+                dim += 1
+            elif isinstance(it, Const | Ref):
+                expr = f"{expr}.select({dim}, {self.scalar_expr(it)})"
+            else:
+                raise Unsupported(f"{op.origin}: index item {it!r}")
+        return expr
+
+    def opt_tensor(self, a: Any) -> str:
+        return f"c10::optional<at::Tensor>({tensor_var(a.id)})" if isinstance(a, Ref) else "c10::nullopt"
+
+    def lib_expr(self, op: Op) -> str:
+        t = [tensor_var(a.id) if isinstance(a, Ref) else self.scalar_expr(a) for a in op.args]
+        fn = op.fn
+        at = op.attrs
+        if fn == "linear":
+            bias = self.opt_tensor(op.args[2]) if at.get("bias") else "c10::nullopt"
+            return f"stitch::linear({t[0]}, {t[1]}, {bias})"
+        if fn in ("matmul", "mm", "bmm"):
+            return f"at::{fn}({t[0]}, {t[1]})"
+        if fn in ("addmm", "baddbmm"):
+            return f"at::{fn}({t[0]}, {t[1]}, {t[2]}, {at['beta']}, {at['alpha']})"
+        if fn == "einsum":
+            return f'at::einsum("{at["equation"]}", {{{", ".join(t)}}})'
+        if fn in ("conv1d", "conv2d", "conv3d"):
+            bias = self.opt_tensor(op.args[2]) if at.get("bias") else "c10::nullopt"
+            pad = at["padding"]
+            pad_expr = f'"{pad}"' if isinstance(pad, str) else self.int_list([Const(p) for p in pad])
+            stride = self.int_list([Const(x) for x in at["stride"]])
+            dil = self.int_list([Const(x) for x in at["dilation"]])
+            return f"at::{fn}({t[0]}, {t[1]}, {bias}, {stride}, {pad_expr}, {dil}, {at['groups']})"
+        if fn.startswith("conv_transpose"):
+            bias = self.opt_tensor(op.args[2]) if at.get("bias") else "c10::nullopt"
+            lists = [self.int_list([Const(x) for x in at[k]]) for k in ("stride", "padding", "output_padding")]
+            dil = self.int_list([Const(x) for x in at["dilation"]])
+            return f"at::{fn}({t[0]}, {t[1]}, {bias}, {lists[0]}, {lists[1]}, {lists[2]}, {at['groups']}, {dil})"
+        raise Unsupported(f"{op.origin}: library call {fn}")
+
+    # ---- shared launch glue ------------------------------------------------------------------------
+    def domain_lines(self, info: KernelInfo) -> tuple[list[str], str]:
+        """Lines computing the kernel's main domain shape at run time; returns (lines, variable)."""
+        k = info.kernel
+        var = f"S_{k.name}"
+        if k.kind == "pool":
+            return self.pool_domain(info)
+        shapes = [f"{tensor_var(o.id)}.sizes()" for o in info.operands if o.domain == "main"]
+        rank = len(self.g.values[k.domain].shape)
+        lines = [f"const std::vector<int64_t> {var} = stitch::broadcast({cpp_list(shapes)});"]
+        lines.append(f'TORCH_CHECK({var}.size() == {rank}, "{k.name}: unexpected rank");')
+        return lines, var
+
+    def pool_domain(self, info: KernelInfo) -> tuple[list[str], str]:
+        k = info.kernel
+        pool = k.pool
+        assert pool is not None
+        nd = pool.attrs["nd"]
+        var_in, var = f"SI_{k.name}", f"S_{k.name}"
+        shapes = [f"{tensor_var(o.id)}.sizes()" for o in info.operands if o.domain == "in"]
+        rank_in = len(self.g.values[pool.args[0].id].shape)
+        lines = [
+            f"const std::vector<int64_t> {var_in} = stitch::broadcast({cpp_list(shapes)});",
+            f'TORCH_CHECK({var_in}.size() == {rank_in}, "{k.name}: unexpected rank");',
+            f"std::vector<int64_t> {var}({var_in}.begin(), {var_in}.end());",
+        ]
+        for i in range(nd):
+            d = rank_in - nd + i
+            if pool.fn.startswith("adaptive"):
+                lines.append(f"{var}[{d}] = {pool.attrs['output_size'][i]};")
+            else:
+                dil = pool.attrs.get("dilation", [1] * nd)[i]
+                lines.append(
+                    f"{var}[{d}] = stitch::pool_out({var_in}[{d}], {pool.attrs['kernel'][i]}, "
+                    f"{pool.attrs['padding'][i]}, {pool.attrs['stride'][i]}, {dil}, "
+                    f"{'true' if pool.attrs['ceil_mode'] else 'false'});"
+                )
+        return lines, var
+
+    def operand_lines(self, info: KernelInfo, domain_var: str, row_dims: str, col_dims: str) -> list[str]:
+        """Checks each operand against its access kind and builds the descriptors of strided ones."""
+        k = info.kernel
+        lines: list[str] = []
+        descs: list[str] = []
+        for i, o in enumerate(info.operands):
+            src = tensor_var(o.id)
+            dvar = domain_var if o.domain == "main" else f"SI_{k.name}"
+            if o.access == "contig":
+                lines.append(f"const at::Tensor O{i}_{k.name} = stitch::contiguous_operand({src});")
+                lines.append(
+                    f'TORCH_CHECK(O{i}_{k.name}.sizes() == at::IntArrayRef({dvar}), "{k.name}: operand {o.id} shape");'
+                )
+            elif o.access == "scalar":
+                lines.append(f"const at::Tensor& O{i}_{k.name} = {src};")
+                lines.append(f'TORCH_CHECK({src}.numel() == 1, "{k.name}: operand {o.id} must have one element");')
+            else:
+                lines.append(f"const at::Tensor& O{i}_{k.name} = {src};")
+                if o.domain == "main":
+                    descs.append(f"stitch::make_desc({src}, {dvar}, {row_dims}, {col_dims})")
+                else:
+                    rank = f"static_cast<int>({dvar}.size())"
+                    descs.append(f"stitch::make_desc({src}, {dvar}, stitch::range(0, {rank}), {{}})")
+        if descs:
+            lines.append(f"const std::vector<stitch::Desc> D_{k.name} = {cpp_list(descs)};")
+        return lines
+
+    def output_lines(self, info: KernelInfo, shape_expr: str) -> list[str]:
+        k = info.kernel
+        out = tensor_var(k.root)
+        dtype = self.g.values[k.root].dtype
+        if k.inplace:
+            return [f"at::Tensor {out} = O{info.operand_index(k.inplace)}_{k.name};"]
+        return [f"at::Tensor {out} = at::empty({shape_expr}, opts.dtype({AT_DTYPE[dtype]}));"]
+
+    def ptr(self, info: KernelInfo, i: int) -> str:
+        o = info.operands[i]
+        ctype = CTYPE[self.g.values[o.id].dtype]
+        return f"O{i}_{info.kernel.name}.data_ptr<{ctype}>()"
+
+
+__all__ = [
+    "CTYPE",
+    "Host",
+    "KernelInfo",
+    "Scope",
+    "acc_combine",
+    "acc_final",
+    "acc_init",
+    "acc_type",
+    "acc_update",
+    "analyze",
+    "cname",
+    "local_var",
+    "tensor_var",
+]

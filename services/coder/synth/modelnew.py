@@ -1,0 +1,222 @@
+"""Writes model_new.py: a ModelNew with the reference's constructor and a forward that calls the extension.
+
+The constructor is the reference's own `Model.__init__` (and the helpers it calls), so parameters
+are created by the same modules in the same RNG order and the Verifier's seeded comparison is exact.
+Module-level constants the constructor reads are inlined as literals (the candidate never redefines
+the problem's names), and the forward does nothing but hand tensors and scalars to `ext.forward`.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import keyword
+from dataclasses import dataclass
+from typing import Any
+
+from stitchcuda.coder.synth.ir import Attr, Graph, Unsupported
+from stitchcuda.shared.candidate import import_line
+
+PROBLEM_NAMES = frozenset({"Model", "get_inputs", "get_init_inputs"})
+IMPORT_MARK = "# <stitch-extension-import>"
+
+
+@dataclass
+class Reference:
+    tree: ast.Module
+    model: ast.ClassDef
+    init: ast.FunctionDef | None
+    forward: ast.FunctionDef
+    imports: dict[str, ast.stmt]
+    defs: dict[str, ast.stmt]
+
+
+def parse_reference(source: str) -> Reference:
+    tree = ast.parse(source)
+    model = next((s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == "Model"), None)
+    if model is None:
+        raise Unsupported("the reference defines no class Model")
+    methods = {s.name: s for s in model.body if isinstance(s, ast.FunctionDef)}
+    if "forward" not in methods:
+        raise Unsupported("Model has no forward method")
+    imports: dict[str, ast.stmt] = {}
+    defs: dict[str, ast.stmt] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
+            continue
+        if isinstance(stmt, ast.Import):
+            for alias in stmt.names:
+                imports[alias.asname or alias.name.split(".")[0]] = ast.Import(names=[alias])
+        elif isinstance(stmt, ast.ImportFrom):
+            for alias in stmt.names:
+                imports[alias.asname or alias.name] = ast.ImportFrom(module=stmt.module, names=[alias], level=stmt.level)
+        elif isinstance(stmt, ast.ClassDef | ast.FunctionDef) and stmt.name not in PROBLEM_NAMES:
+            defs[stmt.name] = stmt
+    return Reference(tree, model, methods.get("__init__"), methods["forward"], imports, defs)
+
+
+class _Inline(ast.NodeTransformer):
+    """Replaces reads of module-level literal constants by their values; renames Model to ModelNew."""
+
+    def __init__(self, literals: dict[str, Any], bound: set[str] | None = None) -> None:
+        self.literals = literals
+        self.bound = bound or set()
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if isinstance(node.ctx, ast.Load) and node.id not in self.bound:
+            if node.id == "Model":
+                return ast.copy_location(ast.Name("ModelNew", ast.Load()), node)
+            if node.id in self.literals:
+                return ast.copy_location(_literal_node(self.literals[node.id]), node)
+        return node
+
+
+def _literal_node(value: Any) -> ast.expr:
+    if isinstance(value, list):
+        return ast.Tuple([_literal_node(v) for v in value], ast.Load())
+    if isinstance(value, dict) and "float" in value:
+        return ast.Call(ast.Name("float", ast.Load()), [ast.Constant(value["float"])], [])
+    return ast.Constant(value)
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _self_calls(node: ast.AST) -> set[str]:
+    found = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self":
+            found.add(n.attr)
+    return found
+
+
+def _bound_names(fn: ast.FunctionDef) -> set[str]:
+    bound = {a.arg for a in [*fn.args.args, *fn.args.kwonlyargs, *fn.args.posonlyargs]}
+    if fn.args.vararg:
+        bound.add(fn.args.vararg.arg)
+    if fn.args.kwarg:
+        bound.add(fn.args.kwarg.arg)
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            bound.add(n.id)
+        elif isinstance(n, ast.comprehension):
+            bound |= {t.id for t in ast.walk(n.target) if isinstance(t, ast.Name)}
+    return bound
+
+
+def attribute_expr(path: str) -> str:
+    """`self.linear.weight`, or get_submodule for paths that are not identifiers (`block.0.weight`)."""
+    parts = path.split(".")
+    if all(p.isidentifier() and not keyword.iskeyword(p) for p in parts):
+        return "self." + ".".join(parts)
+    owner, attr = ".".join(parts[:-1]), parts[-1]
+    if not attr.isidentifier():
+        raise Unsupported(f"attribute path {path} cannot be written as an attribute")
+    return f"self.get_submodule({owner!r}).{attr}" if owner else f"self.{attr}"
+
+
+def forward_args(ref: Reference) -> list[str]:
+    fn = ref.forward
+    if fn.args.vararg or fn.args.kwarg or fn.args.kwonlyargs or fn.args.posonlyargs:
+        raise Unsupported("Model.forward takes *args, **kwargs or keyword-only arguments")
+    names = [a.arg for a in fn.args.args]
+    if not names or names[0] != "self":
+        raise Unsupported("Model.forward is not a method taking self")
+    return names[1:]
+
+
+def build_source(
+    reference_source: str,
+    graph: Graph | None,
+    attrs: list[Attr],
+    literals: dict[str, Any] | None,
+    *,
+    ext_name: str,
+    doc: str,
+) -> str:
+    """model_new.py; with graph=None the forward is a stub (used to check the constructor alone).
+
+    literals=None leaves module-level names as they are (the tracing process supplies them).
+    """
+    ref = parse_reference(reference_source)
+    lenient = literals is None
+    literals = literals or {}
+    for base in ref.model.bases:
+        text = ast.unparse(base)
+        if text not in ("nn.Module", "torch.nn.Module", "Module"):
+            raise Unsupported(f"Model derives from {text}, not nn.Module")
+    methods = {s.name: s for s in ref.model.body if isinstance(s, ast.FunctionDef)}
+    keep: list[ast.FunctionDef] = []
+    pending = ["__init__"] if ref.init is not None else []
+    while pending:
+        name = pending.pop()
+        if name in {m.name for m in keep} or name not in methods or name == "forward":
+            continue
+        keep.append(methods[name])
+        pending += sorted(_self_calls(methods[name]) & set(methods))
+    copied: list[ast.FunctionDef] = []
+    needed: set[str] = set()
+    for fn in keep:
+        new = _Inline(literals, _bound_names(fn)).visit(ast.parse(ast.unparse(fn)).body[0])
+        assert isinstance(new, ast.FunctionDef)
+        copied.append(new)
+        needed |= _names(new) - _bound_names(new)
+    # Module-level helpers (classes, functions) the constructor reaches, with their own dependencies.
+    helper_defs: list[ast.stmt] = []
+    seen: set[str] = set()
+    queue = sorted(needed)
+    imports: dict[str, ast.stmt] = {}
+    while queue:
+        name = queue.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in ref.imports:
+            imports[name] = ref.imports[name]
+        elif name in ref.defs:
+            original = ref.defs[name]
+            bound = _bound_names(original) if isinstance(original, ast.FunctionDef) else set()
+            node = _Inline(literals, bound).visit(ast.parse(ast.unparse(original)).body[0])
+            helper_defs.append(node)
+            queue += sorted(_names(node) - seen)
+        elif name in literals or name in ("ModelNew", "self", "super") or hasattr(builtins, name) or lenient:
+            continue
+        elif name in PROBLEM_NAMES:
+            raise Unsupported(f"the constructor refers to {name}")
+        else:
+            raise Unsupported(f"the constructor reads the module-level name {name!r}, which is not a constant")
+    header = [f'"""{doc}"""', "", "import torch"]
+    for name, stmt in imports.items():
+        text = ast.unparse(stmt)
+        if text != "import torch":
+            header.append(text)
+    header += [IMPORT_MARK, ""]
+    body: list[str] = []
+    for node in helper_defs:
+        body += [ast.unparse(node), "", ""]
+    init_text = [ast.unparse(fn) for fn in copied]
+    args = forward_args(ref)
+    if graph is None:
+        call = "raise NotImplementedError"
+        fwd = f"    def forward(self, {', '.join(args)}):\n        {call}" if args else "    def forward(self):\n        raise NotImplementedError"
+    else:
+        call_args = [name for _, name in graph.inputs]
+        call_args += [attribute_expr(path) for path in graph.params.values()]
+        call_args += [attribute_expr(a.path) for a in attrs]
+        signature = ast.unparse(ref.forward.args)
+        fwd = "\n".join(
+            [
+                f"    def forward({signature}):",
+                "        # All the work happens in the extension's fused kernels.",
+                f"        return ext.forward({', '.join(call_args)})",
+            ]
+        )
+    cls = ["class ModelNew(torch.nn.Module):"]
+    for text in init_text:
+        cls += ["    " + line if line else line for line in text.splitlines()] + [""]
+    if not init_text:
+        cls += ["    def __init__(self):", "        super().__init__()", ""]
+    cls.append(fwd)
+    source = "\n".join([*header, *body, *cls, ""])
+    return source.replace(IMPORT_MARK, import_line(ext_name) if graph is not None else "")

@@ -1,0 +1,1091 @@
+"""Lowers a traced torch.fx graph to the synthesizer's IR: primitive elementwise ops, reductions,
+views, library calls and pooling, with norms and softmax decomposed into reductions + elementwise ops.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from stitchcuda.coder.synth.exprs import ALIASES, EW
+from stitchcuda.coder.synth.ir import (
+    EW as K_EW,
+)
+from stitchcuda.coder.synth.ir import (
+    HOST,
+    INPUT,
+    ITEM,
+    LIB,
+    PARAM,
+    POOL,
+    REDUCE,
+    VIEW,
+    Arg,
+    Attr,
+    Const,
+    Graph,
+    Op,
+    Ref,
+    Unsupported,
+    Value,
+    broadcast_shapes,
+    contiguous_strides,
+    norm_dims,
+    reduced_shape,
+)
+from stitchcuda.coder.synth.trace import Trace, TracedNode
+
+FLOAT_DTYPES = ("float32",)
+
+# Activation modules: class -> (ew fn, [(module attribute, ew parameter)]).
+ACTIVATION_MODULES: dict[str, tuple[str, list[str]]] = {
+    "ReLU": ("relu", []),
+    "ReLU6": ("relu6", []),
+    "LeakyReLU": ("leaky_relu", ["negative_slope"]),
+    "SiLU": ("silu", []),
+    "Sigmoid": ("sigmoid", []),
+    "Tanh": ("tanh", []),
+    "Softplus": ("softplus", ["beta", "threshold"]),
+    "Mish": ("mish", []),
+    "Hardswish": ("hardswish", []),
+    "Hardsigmoid": ("hardsigmoid", []),
+    "Hardtanh": ("hardtanh", ["min_val", "max_val"]),
+    "ELU": ("elu", ["alpha"]),
+    "SELU": ("selu", []),
+    "CELU": ("celu", ["alpha"]),
+    "Softsign": ("softsign", []),
+    "Tanhshrink": ("tanhshrink", []),
+    "LogSigmoid": ("logsigmoid", []),
+    "Identity": ("identity", []),
+}
+
+VIEW_FNS = frozenset(
+    {"view", "reshape", "flatten", "unflatten", "unsqueeze", "squeeze", "transpose", "swapaxes", "permute",
+     "t", "expand", "expand_as", "view_as", "reshape_as", "narrow", "select", "slice", "movedim"}
+)  # fmt: skip
+HOST_MATH = {"sqrt", "exp", "log", "sin", "cos", "tan", "floor", "ceil", "fabs", "pow", "log2", "log10"}
+
+
+def short_name(target: str) -> str:
+    for prefix in ("torch.nn.functional.", "torch.Tensor.", "torch.", "operator.", "builtins.", "math."):
+        if target.startswith(prefix):
+            return target[len(prefix) :]
+    return target.rsplit(".", 1)[-1]
+
+
+class Normalizer:
+    """One pass over the fx nodes in order; each handler appends IR ops and defines the node's value."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.g = Graph()
+        self._fresh = 0
+        # fx node name -> the IR value its lowering produced (when they differ).
+        self.alias: dict[str, str] = {}
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def fresh(self, origin: str) -> str:
+        self._fresh += 1
+        return f"{origin}__{self._fresh}"
+
+    def meta_value(self, ident: str, meta: dict[str, Any]) -> Value:
+        kind = meta.get("kind", "unknown")
+        if kind == "tensor":
+            return Value(
+                ident,
+                "tensor",
+                tuple(meta["shape"]),
+                tuple(meta["stride"]),
+                meta["dtype"],
+                bool(meta["contiguous"]),
+            )
+        if kind in ("int", "float", "bool", "shape"):
+            return Value(ident, kind, const=meta.get("value"))
+        if kind == "list":
+            return Value(ident, "list", const=meta.get("items"))
+        if kind == "none":
+            return Value(ident, "none")
+        raise Unsupported(f"{ident}: result of kind {kind} ({meta.get('repr', '')})")
+
+    def arg(self, node: TracedNode, raw: Any, path: str) -> Any:
+        """Decodes one encoded fx argument (node refs, literals, float attributes of the model)."""
+        if isinstance(raw, dict):
+            if "node" in raw:
+                return Ref(self.alias.get(raw["node"], raw["node"]))
+            if "float" in raw:
+                return Const(float(raw["float"]))
+            if "slice" in raw:
+                return ("slice", *[self.arg(node, x, path) for x in raw["slice"]])
+            if "ellipsis" in raw:
+                return ("ellipsis",)
+            if "dtype" in raw:
+                return ("dtype", raw["dtype"])
+            if "memory_format" in raw or "device" in raw:
+                return ("ignored",)
+            raise Unsupported(f"{node.name}: argument {raw}")
+        if isinstance(raw, list):
+            return [self.arg(node, x, f"{path}.{i}") for i, x in enumerate(raw)]
+        if isinstance(raw, bool):
+            return Const(raw)
+        if isinstance(raw, float):
+            source = self.trace.scalar_sources.get(f"{node.name}:{path}")
+            return Attr(source, raw) if source else Const(raw)
+        if isinstance(raw, int):
+            return Const(raw)
+        return raw
+
+    def node_args(self, node: TracedNode) -> tuple[list[Any], dict[str, Any]]:
+        args = [self.arg(node, a, f"args.{i}") for i, a in enumerate(node.args)]
+        kwargs = {k: self.arg(node, v, f"kwargs.{k}") for k, v in node.kwargs.items()}
+        return args, kwargs
+
+    def value(self, a: Any) -> Value | None:
+        return self.g.values.get(a.id) if isinstance(a, Ref) else None
+
+    def is_tensor(self, a: Any) -> bool:
+        v = self.value(a)
+        return v is not None and v.kind == "tensor"
+
+    def shape_of(self, a: Any) -> tuple[int, ...]:
+        v = self.value(a)
+        return v.shape if v is not None and v.kind == "tensor" else ()
+
+    def emit_ew(
+        self, fn: str, operands: list[Any], params: list[Any], origin: str, out: str | None = None
+    ) -> Ref:
+        spec = EW[fn]
+        for a in operands:
+            v = self.value(a)
+            if v is not None and v.kind == "tensor" and v.dtype not in (*FLOAT_DTYPES, "bool"):
+                raise Unsupported(f"{origin}: elementwise {fn} on a {v.dtype} tensor")
+        shape = broadcast_shapes(*[self.shape_of(a) for a in operands if self.is_tensor(a)])
+        ident = out or self.fresh(origin)
+        dtype = "bool" if spec.result == "bool" else "float32"
+        self.g.add_value(Value(ident, "tensor", shape, contiguous_strides(shape), dtype, True))
+        self.g.add_op(Op(K_EW, fn, ident, [*operands, *params], origin=origin))
+        return Ref(ident)
+
+    def scalar(self, a: Any, default: float | int | bool | None = None) -> Any:
+        if a is None:
+            return Const(default) if default is not None else None
+        if isinstance(a, Const | Attr):
+            return a
+        if isinstance(a, Ref) and self.g.values[a.id].kind in ("int", "float", "bool"):
+            return a
+        if isinstance(a, Ref) and self.g.values[a.id].kind == "tensor":
+            return a
+        if isinstance(a, int | float):
+            return Const(a)
+        raise Unsupported(f"scalar argument {a!r}")
+
+    def literal(self, a: Any) -> Any:
+        """A compile-time Python value (ints for dims, kernel sizes, ...)."""
+        if isinstance(a, Const):
+            return a.value
+        if isinstance(a, Attr):
+            return a.value
+        if isinstance(a, list):
+            return [self.literal(x) for x in a]
+        if isinstance(a, Ref):
+            v = self.g.values[a.id]
+            if v.kind in ("int", "float", "bool"):
+                return v.const
+            raise Unsupported(f"{a.id} is used where a constant is needed")
+        return a
+
+    def mod_attr(self, node: TracedNode, attr: str) -> Any:
+        mod = node.module or {}
+        value = mod.get("attrs", {}).get(attr)
+        if isinstance(value, float) and not isinstance(value, bool):
+            return Attr(f"{node.target}.{attr}", value)
+        if isinstance(value, dict) and "float" in value:
+            return Const(float(value["float"]))
+        return Const(value) if isinstance(value, int | bool) else value
+
+    def param_ref(self, path: str, shape: tuple[int, ...]) -> Ref:
+        ident = "p_" + path.replace(".", "_")
+        if ident not in self.g.values:
+            self.g.add_value(Value(ident, "tensor", shape, contiguous_strides(shape)))
+            self.g.add_op(Op(PARAM, "param", ident, attrs={"path": path}, origin=path))
+            self.g.params[ident] = path
+        return Ref(ident)
+
+    def view_op(self, fn: str, src: Ref, attrs: dict[str, Any], shape: tuple[int, ...], origin: str) -> Ref:
+        ident = self.fresh(origin)
+        self.g.add_value(Value(ident, "tensor", shape, contiguous_strides(shape)))
+        self.g.add_op(Op(VIEW, fn, ident, [src], attrs, origin=origin))
+        return Ref(ident)
+
+    def reduce(
+        self, fn: str, x: Ref, dims: tuple[int, ...], keepdim: bool, origin: str, out: str | None = None
+    ) -> Ref:
+        shape = reduced_shape(self.shape_of(x), dims, keepdim)
+        ident = out or self.fresh(origin)
+        dtype = "int64" if fn in ("argmax", "argmin") else "float32"
+        self.g.add_value(Value(ident, "tensor", shape, contiguous_strides(shape), dtype))
+        self.g.add_op(Op(REDUCE, fn, ident, [x], {"dims": list(dims), "keepdim": keepdim}, origin=origin))
+        return Ref(ident)
+
+    def own_id(self, node: TracedNode) -> str:
+        return node.name if node.name not in self.g.values else self.fresh(node.name)
+
+    def define(self, node: TracedNode, result: Ref) -> None:
+        """Makes the fx node's name refer to the last value of its lowering."""
+        if result.id != node.name:
+            self.alias[node.name] = result.id
+
+    # ---- driver --------------------------------------------------------------------------------
+    def run(self) -> Graph:
+        for node in self.trace.nodes:
+            try:
+                self.lower(node)
+            except Unsupported as exc:
+                if str(exc).startswith(node.name):
+                    raise
+                raise Unsupported(f"{node.name} ({node.target}): {exc}") from exc
+        return self.g
+
+    def lower(self, node: TracedNode) -> None:
+        if node.op == "placeholder":
+            v = self.meta_value(node.name, node.meta)
+            if v.kind == "tensor" and v.dtype not in FLOAT_DTYPES:
+                raise Unsupported(f"{node.name}: input of dtype {v.dtype}")
+            self.g.add_value(v)
+            self.g.add_op(Op(INPUT, "input", node.name, origin=node.name))
+            self.g.inputs.append((node.name, node.target))
+            return
+        if node.op == "get_attr":
+            v = self.meta_value(node.name, node.meta)
+            if v.kind != "tensor":
+                raise Unsupported(f"{node.name}: attribute {node.target} is not a tensor")
+            if v.dtype not in FLOAT_DTYPES:
+                raise Unsupported(f"{node.name}: attribute {node.target} has dtype {v.dtype}")
+            self.g.add_value(v)
+            self.g.add_op(Op(PARAM, "param", node.name, attrs={"path": node.target}, origin=node.name))
+            self.g.params[node.name] = node.target
+            return
+        if node.op == "output":
+            out = node.args[0]
+            if isinstance(out, list):
+                self.g.output_is_tuple = True
+                refs = [self.arg(node, o, "out") for o in out]
+            else:
+                refs = [self.arg(node, out, "out")]
+            for r in refs:
+                if not isinstance(r, Ref) or self.g.values[r.id].kind != "tensor":
+                    raise Unsupported("the forward must return tensors")
+            self.g.outputs = [r.id for r in refs]
+            return
+        args, kwargs = self.node_args(node)
+        if node.op == "call_module":
+            self.lower_module(node, args, kwargs)
+            return
+        name = short_name(node.target) if node.op == "call_function" else node.target
+        if name.endswith("_") and not name.startswith("_") and name[:-1] in EW:
+            name = name[:-1]
+        self.lower_call(node, name, args, kwargs)
+
+    # ---- calls -----------------------------------------------------------------------------------
+    def lower_call(self, node: TracedNode, name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+        if name == "getitem" and isinstance(args[0], Ref) and self.g.values[args[0].id].kind == "list":
+            self.fn_getitem(node, args, kwargs)
+            return
+        tensor_args = [a for a in args if self.is_tensor(a)]
+        if not tensor_args and not any(self.is_tensor(v) for v in kwargs.values()):
+            self.lower_host(node, name, args, kwargs)
+            return
+        handler: Callable[[TracedNode, list[Any], dict[str, Any]], Ref | None] | None = getattr(
+            self, f"fn_{name}", None
+        )
+        if handler is not None:
+            result = handler(node, args, kwargs)
+            if result is not None:
+                self.define(node, result)
+            return
+        ew = ALIASES.get(name, name)
+        if ew in EW:
+            self.define(node, self.generic_ew(node, ew, args, kwargs))
+            return
+        raise Unsupported(f"{node.name}: no lowering for {node.target}")
+
+    def generic_ew(self, node: TracedNode, fn: str, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        spec = EW[fn]
+        operands = [self.scalar(a) for a in args[: spec.operands]]
+        rest = args[spec.operands :]
+        params = []
+        for i, (pname, default) in enumerate(spec.params):
+            raw = rest[i] if i < len(rest) else kwargs.get(pname)
+            params.append(self.scalar(raw, default))  # type: ignore[arg-type]
+        if any(p is None for p in params):
+            raise Unsupported(f"{node.name}: missing parameter of {fn}")
+        return self.emit_ew(fn, operands, params, node.name, out=node.name)
+
+    def lower_host(self, node: TracedNode, name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+        v = self.meta_value(node.name, node.meta)
+        if v.kind not in ("int", "float", "bool", "shape"):
+            raise Unsupported(f"{node.name}: host computation {name} yielding {v.kind}")
+        self.g.add_value(v)
+        self.g.add_op(Op(HOST, name, node.name, args, dict(kwargs), origin=node.name))
+
+    def host_from_tensor(self, node: TracedNode, fn: str, args: list[Any]) -> None:
+        v = self.meta_value(node.name, node.meta)
+        self.g.add_value(v)
+        self.g.add_op(Op(HOST, fn, node.name, args, origin=node.name))
+
+    # Shape queries on tensors become host ops.
+    def fn_size(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> None:
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        self.host_from_tensor(node, "size", [args[0]] + ([dim] if dim is not None else []))
+
+    def fn_dim(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> None:
+        self.host_from_tensor(node, "dim", [args[0]])
+
+    def fn_numel(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> None:
+        self.host_from_tensor(node, "numel", [args[0]])
+
+    def fn_getattr(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref | None:
+        attr = args[1]
+        if attr == "shape":
+            self.host_from_tensor(node, "size", [args[0]])
+            return None
+        if attr in ("T", "mT"):
+            return self._view(node, "transpose", [args[0], Const(-2), Const(-1)], {})
+        raise Unsupported(f"{node.name}: tensor attribute {attr}")
+
+    def fn_getitem(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref | None:
+        src = self.g.values[args[0].id]
+        if src.kind == "list":
+            producer = self.g.producer.get(src.id)
+            index = self.literal(args[1])
+            if producer is not None and producer.fn == "tuple" and isinstance(index, int):
+                self.alias[node.name] = producer.args[index].id
+                return None
+            ident = node.name
+            self.g.add_value(self.meta_value(ident, node.meta))
+            self.g.add_op(Op(ITEM, "item", ident, [args[0], args[1]], origin=node.name))
+            return None
+        if src.kind != "tensor":
+            raise Unsupported(f"{node.name}: indexing a {src.kind}")
+        meta = self.meta_value(node.name, node.meta)
+        index = args[1] if isinstance(args[1], list) else [args[1]]
+        for item in index:
+            if isinstance(item, Ref) or (isinstance(item, tuple) and any(isinstance(x, Ref) for x in item)):
+                if not (isinstance(item, Ref) and self.g.values[item.id].kind == "int"):
+                    raise Unsupported(f"{node.name}: tensor indexing with tensors")
+        return self.view_op("index", args[0], {"index": index}, meta.shape, node.name)
+
+    # Elementwise with special argument handling.
+    def fn_add(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._add_sub(node, "add", args, kwargs)
+
+    def fn_sub(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._add_sub(node, "sub", args, kwargs)
+
+    def fn_rsub(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._add_sub(node, "sub", [args[1], args[0], *args[2:]], kwargs)
+
+    def _add_sub(self, node: TracedNode, fn: str, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        a, b = self.scalar(args[0]), self.scalar(args[1] if len(args) > 1 else kwargs.get("other"))
+        alpha = kwargs.get("alpha", args[2] if len(args) > 2 else None)
+        if alpha is not None and self.literal(alpha) != 1:
+            b = self.emit_ew("mul", [b, self.scalar(alpha)], [], node.name)
+        return self.emit_ew(fn, [a, b], [], node.name, out=node.name)
+
+    def fn_div(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        mode = kwargs.get("rounding_mode", args[2] if len(args) > 2 else None)
+        fn = {None: "div", "trunc": "div_trunc", "floor": "div_floor"}.get(mode)
+        if fn is None:
+            raise Unsupported(f"{node.name}: rounding mode {mode}")
+        other = args[1] if len(args) > 1 else kwargs.get("other")
+        return self.emit_ew(fn, [self.scalar(args[0]), self.scalar(other)], [], node.name, out=node.name)
+
+    fn_truediv = fn_div
+    fn_true_divide = fn_div
+    fn_divide = fn_div
+
+    def fn_floordiv(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self.emit_ew("div_floor", [self.scalar(args[0]), self.scalar(args[1])], [], node.name, node.name)
+
+    def fn_mod(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self.emit_ew("remainder", [self.scalar(args[0]), self.scalar(args[1])], [], node.name, node.name)
+
+    def fn_pow(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        base = self.scalar(args[0] if args else kwargs.get("input", kwargs.get("self")))
+        exponent = self.scalar(args[1] if len(args) > 1 else kwargs.get("exponent"))
+        return self.emit_ew("pow", [base, exponent], [], node.name, out=node.name)
+
+    def fn_gelu(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        approximate = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
+        fn = "gelu_tanh" if approximate == "tanh" else "gelu"
+        return self.emit_ew(fn, [args[0]], [], node.name, out=node.name)
+
+    def fn_clamp(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        lo = kwargs.get("min", args[1] if len(args) > 1 else None)
+        hi = kwargs.get("max", args[2] if len(args) > 2 else None)
+        x = args[0]
+        if lo is not None and hi is not None:
+            return self.emit_ew("clamp", [x, self.scalar(lo), self.scalar(hi)], [], node.name, node.name)
+        if lo is not None:
+            return self.emit_ew("clamp_min", [x, self.scalar(lo)], [], node.name, node.name)
+        if hi is not None:
+            return self.emit_ew("clamp_max", [x, self.scalar(hi)], [], node.name, node.name)
+        return self.emit_ew("identity", [x], [], node.name, node.name)
+
+    fn_clip = fn_clamp
+
+    def fn_clamp_min(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self.emit_ew("clamp_min", [args[0], self.scalar(args[1])], [], node.name, node.name)
+
+    def fn_clamp_max(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self.emit_ew("clamp_max", [args[0], self.scalar(args[1])], [], node.name, node.name)
+
+    def fn_hardtanh(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        lo = kwargs.get("min_val", args[1] if len(args) > 1 else Const(-1.0))
+        hi = kwargs.get("max_val", args[2] if len(args) > 2 else Const(1.0))
+        return self.emit_ew("clamp", [args[0], self.scalar(lo), self.scalar(hi)], [], node.name, node.name)
+
+    def fn_relu6(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self.emit_ew("clamp", [args[0], Const(0.0), Const(6.0)], [], node.name, node.name)
+
+    def fn_dropout(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        p = self.literal(kwargs.get("p", args[1] if len(args) > 1 else Const(0.5)))
+        training = self.literal(kwargs.get("training", args[2] if len(args) > 2 else Const(True)))
+        if training and p > 0:
+            raise Unsupported(f"{node.name}: dropout in training mode is random")
+        return self.emit_ew("identity", [args[0]], [], node.name, node.name)
+
+    def _identity(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self.emit_ew("identity", [args[0]], [], node.name, node.name)
+
+    fn_contiguous = _identity
+    fn_clone = _identity
+    fn_detach = _identity
+
+    def fn_to(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        for a in [*args[1:], *kwargs.values()]:
+            if isinstance(a, tuple) and a[0] == "dtype" and a[1] not in FLOAT_DTYPES:
+                raise Unsupported(f"{node.name}: conversion to {a[1]}")
+        return self._identity(node, args, kwargs)
+
+    def fn_float(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._identity(node, args, kwargs)
+
+    def fn_type_as(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._identity(node, args, kwargs)
+
+    def fn_max(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref | None:
+        return self._max_min(node, "max", args, kwargs)
+
+    def fn_min(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref | None:
+        return self._max_min(node, "min", args, kwargs)
+
+    def _max_min(self, node: TracedNode, which: str, args: list[Any], kwargs: dict[str, Any]) -> Ref | None:
+        other = args[1] if len(args) > 1 else kwargs.get("dim", kwargs.get("other"))
+        if other is not None and (self.is_tensor(other) or node.meta.get("kind") == "tensor"):
+            if self.is_tensor(other):
+                fn = "maximum" if which == "max" else "minimum"
+                return self.emit_ew(fn, [args[0], other], [], node.name, node.name)
+        x = args[0]
+        rank = len(self.shape_of(x))
+        if other is None:
+            return self.reduce("amax" if which == "max" else "amin", x, norm_dims(None, rank), False, node.name)
+        dim = self.literal(other)
+        keepdim = bool(self.literal(kwargs.get("keepdim", args[2] if len(args) > 2 else Const(False))))
+        dims = norm_dims(dim, rank)
+        values = self.reduce("amax" if which == "max" else "amin", x, dims, keepdim, node.name)
+        indices = self.reduce("argmax" if which == "max" else "argmin", x, dims, keepdim, node.name)
+        self.g.add_value(Value(node.name, "list", const=[values.id, indices.id]))
+        self.g.add_op(Op(HOST, "tuple", node.name, [values, indices], origin=node.name))
+        return None
+
+    def fn_maximum(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self.emit_ew("maximum", [args[0], args[1]], [], node.name, node.name)
+
+    def fn_minimum(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self.emit_ew("minimum", [args[0], args[1]], [], node.name, node.name)
+
+    def fn_where(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        if len(args) < 3:
+            raise Unsupported(f"{node.name}: where with one argument")
+        return self.emit_ew(
+            "where", [args[0], self.scalar(args[1]), self.scalar(args[2])], [], node.name, node.name
+        )
+
+    # Reductions.
+    def _reduce_args(self, args: list[Any], kwargs: dict[str, Any]) -> tuple[Ref, tuple[int, ...], bool]:
+        x = args[0]
+        rank = len(self.shape_of(x))
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+        keepdim = kwargs.get("keepdim", args[2] if len(args) > 2 else Const(False))
+        for key in ("dtype",):
+            value = kwargs.get(key)
+            if isinstance(value, tuple) and value[1] not in FLOAT_DTYPES:
+                raise Unsupported(f"reduction to dtype {value[1]}")
+        return x, norm_dims(self.literal(dim) if dim is not None else None, rank), bool(self.literal(keepdim))
+
+    def fn_sum(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        x, dims, keep = self._reduce_args(args, kwargs)
+        return self.reduce("sum", x, dims, keep, node.name, node.name)
+
+    def fn_mean(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        x, dims, keep = self._reduce_args(args, kwargs)
+        return self.reduce("mean", x, dims, keep, node.name, node.name)
+
+    def fn_prod(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        x, dims, keep = self._reduce_args(args, kwargs)
+        return self.reduce("prod", x, dims, keep, node.name, node.name)
+
+    def fn_amax(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        x, dims, keep = self._reduce_args(args, kwargs)
+        return self.reduce("amax", x, dims, keep, node.name, node.name)
+
+    def fn_amin(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        x, dims, keep = self._reduce_args(args, kwargs)
+        return self.reduce("amin", x, dims, keep, node.name, node.name)
+
+    def fn_argmax(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._arg_reduce(node, "argmax", args, kwargs)
+
+    def fn_argmin(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._arg_reduce(node, "argmin", args, kwargs)
+
+    def _arg_reduce(self, node: TracedNode, fn: str, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        x = args[0]
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+        keep = bool(self.literal(kwargs.get("keepdim", args[2] if len(args) > 2 else Const(False))))
+        if dim is None:
+            # argmax over the flattened tensor: a view to 1-D, then a reduction over dim 0.
+            flat = self.view_op("reshape", x, {"shape": [-1]}, (self.g.values[x.id].numel,), node.name)
+            return self.reduce(fn, flat, (0,), keep and False, node.name, node.name)
+        dims = norm_dims(self.literal(dim), len(self.shape_of(x)))
+        return self.reduce(fn, x, dims, keep, node.name, node.name)
+
+    def _var(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> tuple[Ref, tuple[int, ...]]:
+        x = args[0]
+        rank = len(self.shape_of(x))
+        dim = kwargs.get("dim", args[1] if len(args) > 1 and not isinstance(args[1], Const) else None)
+        if len(args) > 1 and isinstance(args[1], Const) and isinstance(args[1].value, bool):
+            unbiased = args[1].value
+            dim = kwargs.get("dim")
+        else:
+            unbiased = bool(self.literal(kwargs.get("unbiased", Const(True))))
+        correction = kwargs.get("correction")
+        corr = float(self.literal(correction)) if correction is not None else (1.0 if unbiased else 0.0)
+        keep = bool(self.literal(kwargs.get("keepdim", Const(False))))
+        dims = norm_dims(self.literal(dim) if dim is not None else None, rank)
+        shape = self.shape_of(x)
+        count = math.prod(shape[d] for d in dims)
+        mean = self.reduce("mean", x, dims, True, node.name)
+        d = self.emit_ew("sub", [x, mean], [], node.name)
+        sq = self.emit_ew("mul", [d, d], [], node.name)
+        total = self.reduce("sum", sq, dims, keep, node.name)
+        n = self.count_expr(x, dims, node.name, count)
+        denom = self.host_binary("sub", n, Const(corr), node.name, float(count) - corr)
+        return self.emit_ew("div", [total, denom], [], node.name), dims
+
+    def count_expr(self, x: Ref, dims: tuple[int, ...], origin: str, traced: int) -> Ref:
+        ident = self.fresh(origin)
+        self.g.add_value(Value(ident, "int", const=traced))
+        self.g.add_op(Op(HOST, "count", ident, [x], {"dims": list(dims)}, origin=origin))
+        return Ref(ident)
+
+    def host_binary(self, fn: str, a: Any, b: Any, origin: str, traced: float) -> Ref:
+        ident = self.fresh(origin)
+        self.g.add_value(Value(ident, "float", const=traced))
+        self.g.add_op(Op(HOST, fn, ident, [a, b], origin=origin))
+        return Ref(ident)
+
+    def fn_var(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._var(node, args, kwargs)[0]
+
+    def fn_std(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        var, _ = self._var(node, args, kwargs)
+        return self.emit_ew("sqrt", [var], [], node.name)
+
+    def fn_logsumexp(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        x, dims, keep = self._reduce_args(args, kwargs)
+        m = self.reduce("amax", x, dims, True, node.name)
+        # A row of -inf keeps its max out of the subtraction (as torch does).
+        safe = self.emit_ew("where", [self.emit_ew("isinf", [m], [], node.name), Const(0.0), m], [], node.name)
+        e = self.emit_ew("exp", [self.emit_ew("sub", [x, safe], [], node.name)], [], node.name)
+        s = self.reduce("sum", e, dims, keep, node.name)
+        safe_k = safe if keep else self.view_op("squeeze_dims", safe, {"dims": list(dims)}, self.shape_of(s), node.name)
+        return self.emit_ew("add", [self.emit_ew("log", [s], [], node.name), safe_k], [], node.name)
+
+    def fn_norm(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        p = self.literal(kwargs.get("p", args[1] if len(args) > 1 else Const(2.0)))
+        if p not in (2, 2.0, "fro", None):
+            raise Unsupported(f"{node.name}: norm with p={p}")
+        x = args[0]
+        dim = kwargs.get("dim", args[2] if len(args) > 2 else None)
+        keep = bool(self.literal(kwargs.get("keepdim", args[3] if len(args) > 3 else Const(False))))
+        dims = norm_dims(self.literal(dim) if dim is not None else None, len(self.shape_of(x)))
+        s = self.reduce("sum", self.emit_ew("mul", [x, x], [], node.name), dims, keep, node.name)
+        return self.emit_ew("sqrt", [s], [], node.name)
+
+    def fn_softmax(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._softmax(node, args, kwargs, log=False)
+
+    def fn_log_softmax(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._softmax(node, args, kwargs, log=True)
+
+    def _softmax(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any], *, log: bool) -> Ref:
+        x = args[0]
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+        if dim is None:
+            raise Unsupported(f"{node.name}: softmax without an explicit dim")
+        return self.softmax_of(x, self.literal(dim), node.name, log=log)
+
+    def softmax_of(self, x: Ref, dim: int, origin: str, *, log: bool) -> Ref:
+        dims = norm_dims(dim, len(self.shape_of(x)))
+        m = self.reduce("amax", x, dims, True, origin)
+        shifted = self.emit_ew("sub", [x, m], [], origin)
+        e = self.emit_ew("exp", [shifted], [], origin)
+        s = self.reduce("sum", e, dims, True, origin)
+        if log:
+            return self.emit_ew("sub", [shifted, self.emit_ew("log", [s], [], origin)], [], origin)
+        return self.emit_ew("div", [e, s], [], origin)
+
+    # Norms.
+    def layer_norm(
+        self, x: Ref, ndims: int, weight: Ref | None, bias: Ref | None, eps: Arg, origin: str
+    ) -> Ref:
+        rank = len(self.shape_of(x))
+        dims = tuple(range(rank - ndims, rank))
+        mean = self.reduce("mean", x, dims, True, origin)
+        d = self.emit_ew("sub", [x, mean], [], origin)
+        var = self.reduce("mean", self.emit_ew("mul", [d, d], [], origin), dims, True, origin)
+        rstd = self.emit_ew("rsqrt", [self.emit_ew("add", [var, eps], [], origin)], [], origin)
+        y = self.emit_ew("mul", [d, rstd], [], origin)
+        if weight is not None:
+            y = self.emit_ew("mul", [y, weight], [], origin)
+        if bias is not None:
+            y = self.emit_ew("add", [y, bias], [], origin)
+        return y
+
+    def rms_norm(self, x: Ref, ndims: int, weight: Ref | None, eps: Arg, origin: str) -> Ref:
+        rank = len(self.shape_of(x))
+        dims = tuple(range(rank - ndims, rank))
+        ms = self.reduce("mean", self.emit_ew("mul", [x, x], [], origin), dims, True, origin)
+        rstd = self.emit_ew("rsqrt", [self.emit_ew("add", [ms, eps], [], origin)], [], origin)
+        y = self.emit_ew("mul", [x, rstd], [], origin)
+        return self.emit_ew("mul", [y, weight], [], origin) if weight is not None else y
+
+    def channel_view(self, p: Ref | None, rank: int, origin: str) -> Ref | None:
+        """A per-channel [C] parameter viewed as [C, 1, ...] to broadcast over (N, C, *spatial)."""
+        if p is None:
+            return None
+        c = self.shape_of(p)[0]
+        shape = (c,) + (1,) * (rank - 2)
+        return self.view_op("reshape", p, {"shape": list(shape)}, shape, origin)
+
+    def batch_norm_eval(
+        self, x: Ref, mean: Ref, var: Ref, weight: Ref | None, bias: Ref | None, eps: Arg, origin: str
+    ) -> Ref:
+        rank = len(self.shape_of(x))
+        mean_v = self.channel_view(mean, rank, origin)
+        var_v = self.channel_view(var, rank, origin)
+        assert mean_v is not None and var_v is not None
+        rstd = self.emit_ew("rsqrt", [self.emit_ew("add", [var_v, eps], [], origin)], [], origin)
+        y = self.emit_ew("mul", [self.emit_ew("sub", [x, mean_v], [], origin), rstd], [], origin)
+        w = self.channel_view(weight, rank, origin)
+        b = self.channel_view(bias, rank, origin)
+        if w is not None:
+            y = self.emit_ew("mul", [y, w], [], origin)
+        if b is not None:
+            y = self.emit_ew("add", [y, b], [], origin)
+        return y
+
+    def instance_norm(self, x: Ref, weight: Ref | None, bias: Ref | None, eps: Arg, origin: str) -> Ref:
+        rank = len(self.shape_of(x))
+        dims = tuple(range(2, rank))
+        mean = self.reduce("mean", x, dims, True, origin)
+        d = self.emit_ew("sub", [x, mean], [], origin)
+        var = self.reduce("mean", self.emit_ew("mul", [d, d], [], origin), dims, True, origin)
+        rstd = self.emit_ew("rsqrt", [self.emit_ew("add", [var, eps], [], origin)], [], origin)
+        y = self.emit_ew("mul", [d, rstd], [], origin)
+        w = self.channel_view(weight, rank, origin)
+        b = self.channel_view(bias, rank, origin)
+        if w is not None:
+            y = self.emit_ew("mul", [y, w], [], origin)
+        if b is not None:
+            y = self.emit_ew("add", [y, b], [], origin)
+        return y
+
+    def group_norm(
+        self, x: Ref, groups: int, weight: Ref | None, bias: Ref | None, eps: Arg, origin: str
+    ) -> Ref:
+        shape = self.shape_of(x)
+        n, c = shape[0], shape[1]
+        if c % groups:
+            raise Unsupported(f"{origin}: {c} channels do not split into {groups} groups")
+        rest = math.prod(shape[2:])
+        gshape = (n, groups, c // groups, rest)
+        xv = self.view_op("reshape", x, {"shape": [shape[0], groups, c // groups, -1]}, gshape, origin)
+        mean = self.reduce("mean", xv, (2, 3), True, origin)
+        d = self.emit_ew("sub", [xv, mean], [], origin)
+        var = self.reduce("mean", self.emit_ew("mul", [d, d], [], origin), (2, 3), True, origin)
+        rstd = self.emit_ew("rsqrt", [self.emit_ew("add", [var, eps], [], origin)], [], origin)
+        y = self.emit_ew("mul", [d, rstd], [], origin)
+        if weight is not None:
+            wv = self.view_op("reshape", weight, {"shape": [groups, c // groups, 1]}, (groups, c // groups, 1), origin)
+            y = self.emit_ew("mul", [y, wv], [], origin)
+        if bias is not None:
+            bv = self.view_op("reshape", bias, {"shape": [groups, c // groups, 1]}, (groups, c // groups, 1), origin)
+            y = self.emit_ew("add", [y, bv], [], origin)
+        return self.view_op("reshape_like", y, {"like": x}, shape, origin)
+
+    def fn_layer_norm(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        shape = self.literal(kwargs.get("normalized_shape", args[1]))
+        ndims = len(shape) if isinstance(shape, list) else 1
+        weight = kwargs.get("weight", args[2] if len(args) > 2 else None)
+        bias = kwargs.get("bias", args[3] if len(args) > 3 else None)
+        eps = self.scalar(kwargs.get("eps", args[4] if len(args) > 4 else None), 1e-5)
+        return self.layer_norm(args[0], ndims, weight, bias, eps, node.name)
+
+    def fn_rms_norm(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        shape = self.literal(kwargs.get("normalized_shape", args[1]))
+        ndims = len(shape) if isinstance(shape, list) else 1
+        weight = kwargs.get("weight", args[2] if len(args) > 2 else None)
+        eps_raw = kwargs.get("eps", args[3] if len(args) > 3 else None)
+        eps = self.scalar(eps_raw) if eps_raw is not None and self.literal(eps_raw) is not None else None
+        return self.rms_norm(args[0], ndims, weight, eps or Const(1.1920928955078125e-07), node.name)
+
+    def fn_group_norm(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        groups = int(self.literal(kwargs.get("num_groups", args[1])))
+        weight = kwargs.get("weight", args[2] if len(args) > 2 else None)
+        bias = kwargs.get("bias", args[3] if len(args) > 3 else None)
+        eps = self.scalar(kwargs.get("eps", args[4] if len(args) > 4 else None), 1e-5)
+        return self.group_norm(args[0], groups, weight, bias, eps, node.name)
+
+    def fn_batch_norm(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        names = ["input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"]
+        got = dict(zip(names, args, strict=False)) | kwargs
+        if self.literal(got.get("training", Const(False))):
+            raise Unsupported(f"{node.name}: batch_norm in training mode")
+        if got.get("running_mean") is None:
+            raise Unsupported(f"{node.name}: batch_norm without running statistics")
+        eps = self.scalar(got.get("eps"), 1e-5)
+        return self.batch_norm_eval(
+            got["input"], got["running_mean"], got["running_var"], got.get("weight"), got.get("bias"), eps, node.name
+        )
+
+    def fn_instance_norm(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        names = ["input", "running_mean", "running_var", "weight", "bias", "use_input_stats", "momentum", "eps"]
+        got = dict(zip(names, args, strict=False)) | kwargs
+        if got.get("running_mean") is not None or not self.literal(got.get("use_input_stats", Const(True))):
+            raise Unsupported(f"{node.name}: instance_norm with running statistics")
+        eps = self.scalar(got.get("eps"), 1e-5)
+        return self.instance_norm(got["input"], got.get("weight"), got.get("bias"), eps, node.name)
+
+    def fn_normalize(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        p = self.literal(kwargs.get("p", args[1] if len(args) > 1 else Const(2.0)))
+        if p != 2:
+            raise Unsupported(f"{node.name}: normalize with p={p}")
+        dim = self.literal(kwargs.get("dim", args[2] if len(args) > 2 else Const(1)))
+        eps = self.scalar(kwargs.get("eps", args[3] if len(args) > 3 else None), 1e-12)
+        x = args[0]
+        dims = norm_dims(dim, len(self.shape_of(x)))
+        ss = self.reduce("sum", self.emit_ew("mul", [x, x], [], node.name), dims, True, node.name)
+        nrm = self.emit_ew("clamp_min", [self.emit_ew("sqrt", [ss], [], node.name), eps], [], node.name)
+        return self.emit_ew("div", [x, nrm], [], node.name)
+
+    # Library calls.
+    def lib(self, fn: str, args: list[Any], attrs: dict[str, Any], node: TracedNode) -> Ref:
+        meta = self.meta_value(self.own_id(node), node.meta)
+        for a in args:
+            v = self.value(a)
+            if v is not None and v.kind == "tensor" and v.dtype not in FLOAT_DTYPES:
+                raise Unsupported(f"{node.name}: {fn} on a {v.dtype} tensor")
+        self.g.add_value(meta)
+        self.g.add_op(Op(LIB, fn, meta.id, args, attrs, origin=node.name))
+        return Ref(meta.id)
+
+    def linear(self, node: TracedNode, x: Ref, w: Ref, b: Ref | None) -> Ref:
+        return self.lib("linear", [x, w] + ([b] if b is not None else []), {"bias": b is not None}, node)
+
+    def fn_linear(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        b = kwargs.get("bias", args[2] if len(args) > 2 else None)
+        return self.linear(node, args[0], kwargs.get("weight", args[1] if len(args) > 1 else None), b)
+
+    def fn_matmul(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self.lib("matmul", [args[0], args[1]], {}, node)
+
+    def fn_mm(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self.lib("mm", [args[0], args[1]], {}, node)
+
+    def fn_bmm(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self.lib("bmm", [args[0], args[1]], {}, node)
+
+    def fn_addmm(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._addmm(node, "addmm", args, kwargs)
+
+    def fn_baddbmm(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._addmm(node, "baddbmm", args, kwargs)
+
+    def _addmm(self, node: TracedNode, fn: str, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        beta = self.literal(kwargs.get("beta", Const(1)))
+        alpha = self.literal(kwargs.get("alpha", Const(1)))
+        return self.lib(fn, [args[0], args[1], args[2]], {"beta": beta, "alpha": alpha}, node)
+
+    def fn_einsum(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        equation = args[0]
+        operands = args[1] if len(args) == 2 and isinstance(args[1], list) else args[1:]
+        if not isinstance(equation, str):
+            raise Unsupported(f"{node.name}: einsum equation is not a literal")
+        return self.lib("einsum", list(operands), {"equation": equation}, node)
+
+    def _conv(self, node: TracedNode, fn: str, x: Ref, w: Ref, b: Ref | None, attrs: dict[str, Any]) -> Ref:
+        attrs = dict(attrs, bias=b is not None)
+        return self.lib(fn, [x, w] + ([b] if b is not None else []), attrs, node)
+
+    def _conv_fn(self, node: TracedNode, fn: str, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        nd = int(fn[-2])
+        names = ["input", "weight", "bias", "stride", "padding", "dilation", "groups"]
+        got = dict(zip(names, args, strict=False)) | kwargs
+
+        def tup(v: Any, default: int) -> list[int] | str:
+            value = self.literal(v) if v is not None else default
+            if isinstance(value, str):
+                return value
+            return [int(value)] * nd if isinstance(value, int) else [int(x) for x in value]
+
+        attrs = {
+            "stride": tup(got.get("stride"), 1),
+            "padding": tup(got.get("padding"), 0),
+            "dilation": tup(got.get("dilation"), 1),
+            "groups": int(self.literal(got.get("groups", Const(1)))),
+        }
+        return self._conv(node, fn, got["input"], got["weight"], got.get("bias"), attrs)
+
+    def fn_conv1d(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._conv_fn(node, "conv1d", args, kwargs)
+
+    def fn_conv2d(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._conv_fn(node, "conv2d", args, kwargs)
+
+    def fn_conv3d(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._conv_fn(node, "conv3d", args, kwargs)
+
+    # Pooling.
+    def pool(self, node: TracedNode, fn: str, x: Ref, attrs: dict[str, Any]) -> Ref:
+        meta = self.meta_value(self.own_id(node), node.meta)
+        if meta.kind != "tensor":
+            raise Unsupported(f"{node.name}: pooling with indices")
+        self.g.add_value(meta)
+        self.g.add_op(Op(POOL, fn, meta.id, [x], attrs, origin=node.name))
+        return Ref(meta.id)
+
+    def pool_attrs(self, fn: str, got: dict[str, Any]) -> dict[str, Any]:
+        nd = int(fn.split("pool")[1][0])
+
+        def tup(v: Any) -> list[int] | None:
+            if v is None:
+                return None
+            value = self.literal(v)
+            if value is None or (isinstance(value, list) and not value):
+                return None
+            return [int(value)] * nd if isinstance(value, int) else [int(x) for x in value]
+
+        if fn.startswith("adaptive"):
+            out = self.literal(got["output_size"])
+            sizes = [out] * nd if isinstance(out, int) or out is None else list(out)
+            if any(s is None for s in sizes):
+                raise Unsupported("adaptive pooling with a None output size")
+            if got.get("return_indices") is not None and self.literal(got["return_indices"]):
+                raise Unsupported("pooling with indices")
+            return {"nd": nd, "output_size": [int(s) for s in sizes]}
+        kernel = tup(got["kernel_size"])
+        assert kernel is not None
+        attrs: dict[str, Any] = {
+            "nd": nd,
+            "kernel": kernel,
+            "stride": tup(got.get("stride")) or kernel,
+            "padding": tup(got.get("padding")) or [0] * nd,
+            "ceil_mode": bool(self.literal(got.get("ceil_mode", Const(False)))),
+        }
+        if fn.startswith("max"):
+            attrs["dilation"] = tup(got.get("dilation")) or [1] * nd
+            if self.literal(got.get("return_indices", Const(False))):
+                raise Unsupported("max pooling with return_indices")
+        else:
+            attrs["count_include_pad"] = bool(self.literal(got.get("count_include_pad", Const(True))))
+            div = got.get("divisor_override")
+            attrs["divisor_override"] = int(self.literal(div)) if div is not None and self.literal(div) else 0
+        return attrs
+
+    def _pool_fn(self, node: TracedNode, fn: str, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        if fn.startswith("adaptive"):
+            names = ["input", "output_size", "return_indices"]
+        elif fn.startswith("max"):
+            names = ["input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"]
+        else:
+            names = ["input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"]
+        got = dict(zip(names, args, strict=False)) | kwargs
+        return self.pool(node, fn, got["input"], self.pool_attrs(fn, got))
+
+    # Views on tensors.
+    def _view(self, node: TracedNode, fn: str, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        meta = self.meta_value(node.name, node.meta)
+        rest = args[1:]
+        if len(rest) == 1 and isinstance(rest[0], list) and fn not in ("unflatten",):
+            rest = rest[0]
+        attrs: dict[str, Any] = {"args": rest, "kwargs": kwargs}
+        ident = self.own_id(node)
+        self.g.add_value(Value(ident, "tensor", meta.shape, meta.stride, meta.dtype, meta.contiguous))
+        self.g.add_op(Op(VIEW, fn, ident, [args[0]], attrs, origin=node.name))
+        return Ref(ident)
+
+    def lower_view_call(self, node: TracedNode, name: str, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._view(node, name, args, kwargs)
+
+    # ---- modules -------------------------------------------------------------------------------
+    def module_param(self, node: TracedNode, name: str) -> Ref | None:
+        mod = node.module or {}
+        shapes = {**mod.get("params", {}), **mod.get("buffers", {})}
+        if name not in shapes:
+            return None
+        return self.param_ref(f"{node.target}.{name}", tuple(shapes[name]))
+
+    def lower_module(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> None:
+        mod = node.module or {}
+        cls = mod.get("class", "")
+        a = mod.get("attrs", {})
+        x = args[0] if args else kwargs.get("input")
+        if cls in ACTIVATION_MODULES:
+            fn, keys = ACTIVATION_MODULES[cls]
+            if cls == "Hardtanh":
+                params = [self.mod_attr(node, "min_val"), self.mod_attr(node, "max_val")]
+                self.define(node, self.emit_ew("clamp", [x, *params], [], node.name, node.name))
+                return
+            if cls == "ReLU6":
+                self.define(node, self.emit_ew("clamp", [x, Const(0.0), Const(6.0)], [], node.name, node.name))
+                return
+            params = [self.mod_attr(node, k) for k in keys]
+            self.define(node, self.emit_ew(fn, [x], params, node.name, node.name))
+            return
+        if cls == "GELU":
+            fn = "gelu_tanh" if a.get("approximate") == "tanh" else "gelu"
+            self.define(node, self.emit_ew(fn, [x], [], node.name, node.name))
+            return
+        if cls in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout"):
+            if mod.get("training") and a.get("p", 0) > 0:
+                raise Unsupported(f"{node.name}: dropout in training mode is random")
+            self.define(node, self.emit_ew("identity", [x], [], node.name, node.name))
+            return
+        if cls in ("Softmax", "LogSoftmax"):
+            if a.get("dim") is None:
+                raise Unsupported(f"{node.name}: softmax without an explicit dim")
+            self.define(node, self.softmax_of(x, int(a["dim"]), node.name, log=cls == "LogSoftmax"))
+            return
+        if cls == "Linear":
+            self.define(node, self.linear(node, x, self.module_param(node, "weight"), self.module_param(node, "bias")))  # type: ignore[arg-type]
+            return
+        if cls in ("Conv1d", "Conv2d", "Conv3d"):
+            if a.get("padding_mode", "zeros") != "zeros":
+                raise Unsupported(f"{node.name}: padding_mode {a.get('padding_mode')}")
+            attrs = {k: a[k] for k in ("stride", "padding", "dilation", "groups")}
+            w = self.module_param(node, "weight")
+            assert w is not None
+            self.define(node, self._conv(node, cls.lower(), x, w, self.module_param(node, "bias"), attrs))
+            return
+        if cls in ("ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"):
+            if len(args) > 1:
+                raise Unsupported(f"{node.name}: conv_transpose with output_size")
+            attrs = {k: a[k] for k in ("stride", "padding", "output_padding", "groups", "dilation")}
+            w = self.module_param(node, "weight")
+            assert w is not None
+            fn = "conv_transpose" + cls[-2:].lower()
+            self.define(node, self._conv(node, fn, x, w, self.module_param(node, "bias"), attrs))
+            return
+        if cls == "LayerNorm":
+            shape = a.get("normalized_shape")
+            ndims = len(shape) if isinstance(shape, list) else 1
+            eps = self.mod_attr(node, "eps")
+            y = self.layer_norm(x, ndims, self.module_param(node, "weight"), self.module_param(node, "bias"), eps, node.name)
+            self.define(node, y)
+            return
+        if cls == "RMSNorm":
+            shape = a.get("normalized_shape")
+            ndims = len(shape) if isinstance(shape, list) else 1
+            eps = self.mod_attr(node, "eps") if a.get("eps") is not None else Const(1.1920928955078125e-07)
+            self.define(node, self.rms_norm(x, ndims, self.module_param(node, "weight"), eps, node.name))
+            return
+        if cls == "GroupNorm":
+            eps = self.mod_attr(node, "eps")
+            y = self.group_norm(
+                x, int(a["num_groups"]), self.module_param(node, "weight"), self.module_param(node, "bias"), eps, node.name
+            )
+            self.define(node, y)
+            return
+        if cls in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d"):
+            if mod.get("training") or not a.get("track_running_stats", True):
+                raise Unsupported(f"{node.name}: batch norm in training mode (only inference is lowered)")
+            mean, var = self.module_param(node, "running_mean"), self.module_param(node, "running_var")
+            if mean is None or var is None:
+                raise Unsupported(f"{node.name}: batch norm without running statistics")
+            eps = self.mod_attr(node, "eps")
+            y = self.batch_norm_eval(
+                x, mean, var, self.module_param(node, "weight"), self.module_param(node, "bias"), eps, node.name
+            )
+            self.define(node, y)
+            return
+        if cls in ("InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d"):
+            if a.get("track_running_stats") and not mod.get("training"):
+                raise Unsupported(f"{node.name}: instance norm with running statistics")
+            eps = self.mod_attr(node, "eps")
+            y = self.instance_norm(x, self.module_param(node, "weight"), self.module_param(node, "bias"), eps, node.name)
+            self.define(node, y)
+            return
+        if cls in ("MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d"):
+            fn = ("max" if cls.startswith("Max") else "avg") + "_pool" + cls[-2]
+            got = {k: (Const(v) if isinstance(v, int | bool) else v) for k, v in a.items()}
+            got = {k: ([Const(x) for x in v] if isinstance(v, list) else v) for k, v in got.items()}
+            self.define(node, self.pool(node, fn, x, self.pool_attrs(fn, got)))
+            return
+        if cls in ("AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d"):
+            fn = "adaptive_" + ("avg" if "Avg" in cls else "max") + "_pool" + cls[-2]
+            got = {"output_size": a.get("output_size"), "return_indices": a.get("return_indices")}
+            self.define(node, self.pool(node, fn, x, self.pool_attrs(fn, got)))
+            return
+        if cls == "Flatten":
+            self.define(
+                node,
+                self._view(node, "flatten", [x, Const(a.get("start_dim", 1)), Const(a.get("end_dim", -1))], {}),
+            )
+            return
+        if cls == "Unflatten":
+            self.define(
+                node, self._view(node, "unflatten", [x, Const(a["dim"]), [Const(s) for s in a["unflattened_size"]]], {})
+            )
+            return
+        raise Unsupported(f"{node.name}: module {cls} has no lowering")
+
+
+def _install_view_handlers() -> None:
+    for name in VIEW_FNS:
+        if not hasattr(Normalizer, f"fn_{name}"):
+
+            def handler(
+                self: Normalizer, node: TracedNode, args: list[Any], kwargs: dict[str, Any], _n: str = name
+            ) -> Ref:
+                return self._view(node, _n, args, kwargs)
+
+            setattr(Normalizer, f"fn_{name}", handler)
+    for name in ("max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
+                 "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_max_pool2d"):  # fmt: skip
+
+        def pool_handler(
+            self: Normalizer, node: TracedNode, args: list[Any], kwargs: dict[str, Any], _n: str = name
+        ) -> Ref:
+            return self._pool_fn(node, _n, args, kwargs)
+
+        setattr(Normalizer, f"fn_{name}", pool_handler)
+
+
+_install_view_handlers()
+
+
+def normalize(trace: Trace) -> Graph:
+    return Normalizer(trace).run()

@@ -1,0 +1,209 @@
+"""The C++ header every synthesized extension includes: float32 op semantics and strided addressing."""
+
+from __future__ import annotations
+
+HEADER_NAME = "stitch_runtime.h"
+
+HEADER = r"""// stitch_runtime.h: shared by the host code and the kernels of a StitchCUDA-synthesized extension.
+#pragma once
+#include <torch/extension.h>
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <vector>
+
+#if defined(__CUDACC__)
+#define STITCH_HD __host__ __device__ __forceinline__
+#define STITCH_UNROLL _Pragma("unroll")
+#else
+#define STITCH_HD inline
+#define STITCH_UNROLL
+#endif
+
+namespace stitch {
+
+// ---- float32 semantics of the elementwise ops (NaN propagation as in PyTorch) ----
+STITCH_HD float st_relu(float x) { return x < 0.f ? 0.f : x; }
+STITCH_HD float st_clamp(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+STITCH_HD float st_clamp_min(float x, float lo) { return x < lo ? lo : x; }
+STITCH_HD float st_clamp_max(float x, float hi) { return x > hi ? hi : x; }
+STITCH_HD float st_leaky_relu(float x, float s) { return x > 0.f ? x : x * s; }
+STITCH_HD float st_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+STITCH_HD float st_silu(float x) { return x / (1.f + expf(-x)); }
+STITCH_HD float st_gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752440f)); }
+STITCH_HD float st_gelu_tanh(float x) {
+  const float inner = 0.79788456080286535588f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.f + tanhf(inner));
+}
+STITCH_HD float st_softplus(float x, float beta, float threshold) {
+  return (x * beta) > threshold ? x : log1pf(expf(x * beta)) / beta;
+}
+STITCH_HD float st_mish(float x) { return x * tanhf(st_softplus(x, 1.f, 20.f)); }
+STITCH_HD float st_hardsigmoid(float x) { return st_clamp(x + 3.f, 0.f, 6.f) / 6.f; }
+STITCH_HD float st_hardswish(float x) { return x * st_clamp(x + 3.f, 0.f, 6.f) / 6.f; }
+STITCH_HD float st_elu(float x, float alpha) { return x > 0.f ? x : alpha * expm1f(x); }
+STITCH_HD float st_selu(float x) {
+  return 1.0507009873554804934193349852946f * (x > 0.f ? x : 1.6732632423543772848170429916717f * expm1f(x));
+}
+STITCH_HD float st_celu(float x, float alpha) {
+  return (x > 0.f ? x : 0.f) + fminf(0.f, alpha * expm1f(x / alpha));
+}
+STITCH_HD float st_logsigmoid(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
+STITCH_HD float st_sign(float x) { return (x > 0.f) ? 1.f : ((x < 0.f) ? -1.f : x); }
+STITCH_HD float st_maximum(float a, float b) { return (a != a || a > b) ? a : b; }
+STITCH_HD float st_minimum(float a, float b) { return (a != a || a < b) ? a : b; }
+STITCH_HD float st_remainder(float a, float b) {
+  float m = fmodf(a, b);
+  if (m != 0.f && ((b < 0.f) != (m < 0.f))) m += b;
+  return m;
+}
+STITCH_HD float st_div_floor(float a, float b) {
+  if (b == 0.f) return a / b;
+  const float m = fmodf(a, b);
+  float d = (a - m) / b;
+  if (m != 0.f && ((b < 0.f) != (m < 0.f))) d -= 1.f;
+  float f = floorf(d);
+  if (d - f > 0.5f) f += 1.f;
+  return f;
+}
+STITCH_HD float st_max_nan(float a, float b) { return (a != a || a > b) ? a : b; }
+STITCH_HD float st_min_nan(float a, float b) { return (a != a || a < b) ? a : b; }
+
+// argmax/argmin accumulators: the first index of the extreme value; NaN counts as the maximum.
+struct ArgAcc {
+  float v;
+  int64_t i;
+};
+STITCH_HD ArgAcc arg_combine(ArgAcc a, ArgAcc b, bool want_max) {
+  const bool an = a.v != a.v, bn = b.v != b.v;
+  if (an || bn) return (an && (!bn || a.i < b.i)) ? a : b;
+  const bool better = want_max ? (b.v > a.v) : (b.v < a.v);
+  if (better || (b.v == a.v && b.i < a.i)) return b;
+  return a;
+}
+
+// ---- strided addressing ----
+// A Desc maps a (row, col) position of a kernel's iteration domain to an element offset of one
+// operand: offset = sum_k ((row / rdiv[k]) % rmod[k]) * rstr[k] + the same over col. Broadcast
+// dims have stride 0 and are dropped; adjacent dims that are contiguous with each other are merged.
+constexpr int kMaxSeg = 6;
+struct Desc {
+  int32_t nr;
+  int32_t nc;
+  int64_t rdiv[kMaxSeg], rmod[kMaxSeg], rstr[kMaxSeg];
+  int64_t cdiv[kMaxSeg], cmod[kMaxSeg], cstr[kMaxSeg];
+};
+
+template <typename I>
+STITCH_HD int64_t seg_off(const int64_t* div, const int64_t* mod, const int64_t* str, int n, I x) {
+  int64_t off = 0;
+  STITCH_UNROLL
+  for (int k = 0; k < kMaxSeg; ++k) {
+    if (k < n) off += static_cast<int64_t>((x / static_cast<I>(div[k])) % static_cast<I>(mod[k])) * str[k];
+  }
+  return off;
+}
+template <typename I>
+STITCH_HD int64_t row_off(const Desc& d, I r) { return seg_off<I>(d.rdiv, d.rmod, d.rstr, d.nr, r); }
+template <typename I>
+STITCH_HD int64_t col_off(const Desc& d, I c) { return seg_off<I>(d.cdiv, d.cmod, d.cstr, d.nc, c); }
+
+// ---- host helpers ----
+inline std::vector<int64_t> broadcast(std::initializer_list<at::IntArrayRef> shapes) {
+  std::vector<int64_t> out;
+  for (const auto& s : shapes) out = at::infer_size(out, s);
+  return out;
+}
+
+inline int64_t prod(const std::vector<int64_t>& s, const std::vector<int>& dims) {
+  int64_t p = 1;
+  for (int d : dims) p *= s[d];
+  return p;
+}
+
+inline std::vector<int64_t> reduced(const std::vector<int64_t>& s, const std::vector<int>& dims, bool keepdim) {
+  std::vector<int64_t> out;
+  for (int i = 0; i < static_cast<int>(s.size()); ++i) {
+    bool red = false;
+    for (int d : dims) red = red || d == i;
+    if (!red) out.push_back(s[i]);
+    else if (keepdim) out.push_back(1);
+  }
+  return out;
+}
+
+inline void fill_segments(const at::Tensor& t, const std::vector<int64_t>& S, const std::vector<int>& dims,
+                          int32_t* n, int64_t* div, int64_t* mod, int64_t* str) {
+  const int rank = static_cast<int>(S.size());
+  const int trank = static_cast<int>(t.dim());
+  TORCH_CHECK(trank <= rank, "operand has more dims than the kernel domain");
+  int64_t below = 1;
+  int count = 0;
+  // Walk the dims innermost first so each segment knows the product of the sizes below it.
+  std::vector<int64_t> sdiv, smod, sstr;
+  for (int j = static_cast<int>(dims.size()) - 1; j >= 0; --j) {
+    const int d = dims[j];
+    const int td = d - (rank - trank);
+    const int64_t size = S[d];
+    int64_t stride = 0;
+    if (td >= 0 && t.size(td) != 1) {
+      TORCH_CHECK(t.size(td) == size, "operand does not broadcast to the kernel domain");
+      stride = t.stride(td);
+    }
+    if (stride != 0 && size != 1) {
+      if (!sdiv.empty() && sstr.back() * smod.back() == stride && sdiv.back() * smod.back() == below) {
+        smod.back() *= size;
+      } else {
+        sdiv.push_back(below);
+        smod.push_back(size);
+        sstr.push_back(stride);
+      }
+    }
+    below *= size;
+  }
+  count = static_cast<int>(sdiv.size());
+  TORCH_CHECK(count <= kMaxSeg, "operand layout has too many strided segments");
+  for (int k = 0; k < count; ++k) {
+    div[k] = sdiv[k];
+    mod[k] = smod[k];
+    str[k] = sstr[k];
+  }
+  *n = count;
+}
+
+inline Desc make_desc(const at::Tensor& t, const std::vector<int64_t>& S, const std::vector<int>& row_dims,
+                      const std::vector<int>& col_dims) {
+  Desc d{};
+  fill_segments(t, S, row_dims, &d.nr, d.rdiv, d.rmod, d.rstr);
+  fill_segments(t, S, col_dims, &d.nc, d.cdiv, d.cmod, d.cstr);
+  return d;
+}
+
+inline std::vector<int> range(int begin, int end) {
+  std::vector<int> out;
+  for (int i = begin; i < end; ++i) out.push_back(i);
+  return out;
+}
+
+inline int64_t pool_out(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dil, bool ceil_mode) {
+  const int64_t num = in + 2 * pad - dil * (k - 1) - 1 + (ceil_mode ? stride - 1 : 0);
+  int64_t out = (num >= 0 ? num / stride : -((-num + stride - 1) / stride)) + 1;
+  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
+inline at::Tensor contiguous_operand(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+inline at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
+  std::vector<int64_t> sizes = x.sizes().vec();
+  const int64_t k = x.size(-1);
+  sizes.back() = w.size(0);
+  at::Tensor x2 = x.reshape({-1, k});
+  at::Tensor y = b.has_value() ? at::addmm(*b, x2, w.t()) : at::mm(x2, w.t());
+  return y.view(sizes);
+}
+
+}  // namespace stitch
+"""

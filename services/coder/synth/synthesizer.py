@@ -1,0 +1,145 @@
+"""The built-in synthesizer: reference + plan + variant -> one extension and its ModelNew, no LLM."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from stitchcuda.api.v1 import code_pb2, jobs_pb2, plan_pb2
+from stitchcuda.coder.synth import cpu
+from stitchcuda.coder.synth.fusion import Program, schedule
+from stitchcuda.coder.synth.ir import Graph, Unsupported
+from stitchcuda.coder.synth.modelnew import build_source
+from stitchcuda.coder.synth.normalize import normalize
+from stitchcuda.coder.synth.runtime import HEADER, HEADER_NAME
+from stitchcuda.coder.synth.trace import Trace, run_trace
+from stitchcuda.coder.synth.variants import Variant
+from stitchcuda.shared.candidate import ENTRY, validate
+
+
+@dataclass
+class Synthesis:
+    """A synthesized program before it becomes a Candidate."""
+
+    files: dict[str, str]
+    build: code_pb2.BuildManifest
+    variant: Variant
+    rationale: str
+    kernels: list[str] = field(default_factory=list)
+
+
+class _TraceCache:
+    """Traces by reference hash: optimize rounds of one job reuse the generate round's trace."""
+
+    def __init__(self, size: int = 32) -> None:
+        self.size = size
+        self.items: OrderedDict[str, Trace] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: str) -> Trace | None:
+        with self.lock:
+            hit = self.items.get(key)
+            if hit is not None:
+                self.items.move_to_end(key)
+            return hit
+
+    def put(self, key: str, trace: Trace) -> None:
+        with self.lock:
+            self.items[key] = trace
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+
+
+def target_of(plan: plan_pb2.Plan | None, device: str | None = None) -> str:
+    if device in ("cpu", "cuda"):
+        return device
+    if plan is not None and plan.device == jobs_pb2.DEVICE_CUDA:
+        return "cuda"
+    return "cpu"
+
+
+class Synthesizer:
+    def __init__(self, *, trace_timeout_s: float = 120.0) -> None:
+        self.trace_timeout_s = trace_timeout_s
+        self._traces = _TraceCache()
+
+    def trace(self, reference_source: str) -> Trace:
+        key = hashlib.sha256(reference_source.encode()).hexdigest()
+        cached = self._traces.get(key)
+        if cached is not None:
+            return cached
+        # ModelNew's constructor is checked against the reference's own parameters and buffers
+        # (same seed, same values) in the tracing process.
+        init_source = build_source(reference_source, None, [], None, ext_name="unused", doc="constructor check")
+        traced = run_trace(reference_source, init_source=init_source, timeout_s=self.trace_timeout_s)
+        check = traced.init_check or {}
+        if not check.get("ok", False):
+            raise Unsupported(f"ModelNew's constructor does not reproduce Model's state: {check.get('detail')}")
+        self._traces.put(key, traced)
+        return traced
+
+    def lower(self, trace: Trace, variant: Variant, plan: plan_pb2.Plan | None) -> tuple[Graph, Program]:
+        graph = normalize(trace)
+        program = schedule(graph, variant, plan)
+        return program.graph, program
+
+    def synthesize(
+        self,
+        reference_source: str,
+        plan: plan_pb2.Plan | None,
+        *,
+        variant: Variant,
+        device: str | None = None,
+    ) -> Synthesis:
+        backend = target_of(plan, device)
+        trace = self.trace(reference_source)
+        graph, program = self.lower(trace, variant, plan)
+        digest = hashlib.sha256(
+            f"{reference_source}\0{backend}\0{variant.signature()}".encode()
+        ).hexdigest()[:12]
+        ext_name = f"stitch_{digest}"
+        if backend == "cuda":
+            from stitchcuda.coder.synth import cuda
+
+            source, cflags, cuda_cflags, ldflags = cuda.emit(program, variant, ext_name)
+            forward_file = "forward.cu"
+        else:
+            source, cflags, ldflags = cpu.emit(program, variant, ext_name)
+            cuda_cflags = []
+            forward_file = "forward.cpp"
+        summary = [f"{k.name}: {k.kind} over {', '.join(k.origins)}" for k in program.kernels]
+        library = [s.op.fn for s in program.steps if s.op is not None and s.op.kind == "lib"]
+        doc = (
+            f"ModelNew synthesized by StitchCUDA's built-in coder ({backend}): "
+            f"{len(program.kernels)} fused kernel(s) in extension {ext_name}."
+        )
+        model_new = build_source(reference_source, graph, program.attrs, trace.globals, ext_name=ext_name, doc=doc)
+        files = {ENTRY: model_new, HEADER_NAME: HEADER, forward_file: source}
+        build = code_pb2.BuildManifest(
+            extension_name=ext_name,
+            sources=[forward_file],
+            cflags=cflags,
+            cuda_cflags=cuda_cflags,
+            ldflags=ldflags,
+            backend=backend,
+        )
+        rationale = "; ".join(summary)
+        if library:
+            rationale += f"; library calls: {', '.join(library)} (epilogues fused into custom kernels)"
+        synthesis = Synthesis(files, build, variant, rationale, summary)
+        validate(to_candidate(synthesis))
+        return synthesis
+
+
+def to_candidate(s: Synthesis) -> code_pb2.Candidate:
+    return code_pb2.Candidate(
+        schema_version=1,
+        files=[code_pb2.SourceFile(path=p, content=c) for p, c in s.files.items()],
+        build=s.build,
+        entry=ENTRY,
+        coder="builtin",
+        rationale=s.rationale,
+        variant=s.variant.as_map(),
+    )

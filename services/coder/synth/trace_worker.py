@@ -1,0 +1,304 @@
+"""Subprocess entry that runs a reference program, traces it with torch.fx and writes the graph as JSON.
+
+Standard library and torch only: it executes user code, so the Coder runs it in its own process
+(`python -I trace_worker.py OUT.json < request.json`) and reads nothing back but the JSON file.
+The request is {"source": str, "init_source": str | null}; init_source is the ModelNew constructor the
+synthesizer wrote, checked here for producing exactly the reference's parameters and buffers.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import math
+import operator
+import sys
+import traceback
+import types
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.node import Node
+
+SCALAR_TYPES = (bool, int, float, str, type(None))
+# Float root-module attributes are perturbed by this factor to find which graph constants they feed.
+PERTURB = 1.0 + 1.0 / 1021.0
+
+
+def qualname(target: Any) -> str:
+    """A stable dotted name for an fx call target: torch.relu, torch.nn.functional.gelu, operator.mul, ..."""
+    if isinstance(target, str):
+        return target
+    short = getattr(target, "__name__", None)
+    if short:
+        for prefix, namespace in (
+            ("torch.nn.functional", torch.nn.functional),
+            ("torch", torch),
+            ("torch.Tensor", torch.Tensor),
+            ("math", math),
+            ("operator", operator),
+            ("builtins", builtins),
+        ):
+            if getattr(namespace, short, None) is target:
+                return f"{prefix}.{short}"
+    mod = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__qualname__", None) or short or repr(target)
+    return (mod + "." if mod else "") + name
+
+
+def encode(value: Any) -> Any:
+    if isinstance(value, Node):
+        return {"node": value.name}
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return {"float": repr(value)}
+        return value
+    if isinstance(value, SCALAR_TYPES):
+        return value
+    if isinstance(value, tuple | list | torch.Size):
+        return [encode(v) for v in value]
+    if isinstance(value, dict):
+        return {"dict": {str(k): encode(v) for k, v in value.items()}}
+    if isinstance(value, slice):
+        return {"slice": [encode(value.start), encode(value.stop), encode(value.step)]}
+    if value is Ellipsis:
+        return {"ellipsis": True}
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).replace("torch.", "")}
+    if isinstance(value, torch.memory_format):
+        return {"memory_format": str(value).replace("torch.", "")}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    if isinstance(value, torch.Tensor):
+        return {"tensor_literal": list(value.shape)}
+    return {"repr": repr(value)[:200]}
+
+
+def tensor_meta(t: torch.Tensor) -> dict[str, Any]:
+    return {
+        "kind": "tensor",
+        "shape": list(t.shape),
+        "stride": list(t.stride()),
+        "dtype": str(t.dtype).replace("torch.", ""),
+        "contiguous": bool(t.is_contiguous()),
+    }
+
+
+def value_meta(value: Any) -> dict[str, Any]:
+    if isinstance(value, torch.Tensor):
+        return tensor_meta(value)
+    if isinstance(value, torch.Size):
+        return {"kind": "shape", "value": list(value)}
+    if isinstance(value, bool):
+        return {"kind": "bool", "value": value}
+    if isinstance(value, int):
+        return {"kind": "int", "value": value}
+    if isinstance(value, float):
+        return {"kind": "float", "value": encode(value)}
+    if isinstance(value, tuple | list):
+        return {"kind": "list", "items": [value_meta(v) for v in value]}
+    if value is None:
+        return {"kind": "none"}
+    return {"kind": "other", "repr": repr(value)[:200]}
+
+
+class Recorder(torch.fx.Interpreter):
+    """Runs the traced graph and keeps a description of every node's result."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.meta: dict[str, dict[str, Any]] = {}
+
+    def run_node(self, n: Node) -> Any:
+        result = super().run_node(n)
+        self.meta[n.name] = value_meta(result)
+        return result
+
+
+def module_info(mod: torch.nn.Module) -> dict[str, Any]:
+    attrs: dict[str, Any] = {}
+    for key, value in vars(mod).items():
+        if key.startswith("_"):
+            continue
+        if isinstance(value, SCALAR_TYPES) or (
+            isinstance(value, tuple | list) and all(isinstance(v, SCALAR_TYPES) for v in value)
+        ):
+            attrs[key] = encode(value)
+    params = {name: list(p.shape) for name, p in mod.named_parameters(recurse=False)}
+    buffers = {name: list(b.shape) for name, b in mod.named_buffers(recurse=False) if b is not None}
+    return {
+        "class": type(mod).__name__,
+        "module": type(mod).__module__,
+        "attrs": attrs,
+        "params": params,
+        "buffers": buffers,
+        "training": bool(mod.training),
+    }
+
+
+def graph_nodes(gm: torch.fx.GraphModule, meta: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    nodes = []
+    for n in gm.graph.nodes:
+        entry: dict[str, Any] = {
+            "name": n.name,
+            "op": n.op,
+            "target": qualname(n.target),
+            "args": encode(n.args),
+            "kwargs": {k: encode(v) for k, v in n.kwargs.items()},
+            "meta": meta.get(n.name, {"kind": "unknown"}),
+        }
+        if n.op == "call_module":
+            entry["module"] = module_info(gm.get_submodule(n.target))
+        if n.op == "get_attr":
+            path = str(n.target)
+            entry["is_parameter"] = any(name == path for name, _ in gm.named_parameters())
+            entry["is_buffer"] = any(name == path for name, _ in gm.named_buffers())
+        nodes.append(entry)
+    return nodes
+
+
+def float_constants(gm: torch.fx.GraphModule) -> dict[str, Any]:
+    """(node, argument path) -> value for every float literal in the graph's arguments."""
+    found: dict[str, Any] = {}
+
+    def walk(value: Any, path: str) -> None:
+        if isinstance(value, float) and not isinstance(value, bool):
+            found[path] = value
+        elif isinstance(value, tuple | list):
+            for i, v in enumerate(value):
+                walk(v, f"{path}.{i}")
+
+    for n in gm.graph.nodes:
+        for i, a in enumerate(n.args):
+            walk(a, f"{n.name}:args.{i}")
+        for k, v in n.kwargs.items():
+            walk(v, f"{n.name}:kwargs.{k}")
+    return found
+
+
+def scalar_sources(model: torch.nn.Module, base: dict[str, Any]) -> dict[str, str]:
+    """Which float constants of the graph come from float attributes of the model (self.scale, ...).
+
+    Each attribute is perturbed in turn and the model re-traced: the constants that move by exactly
+    the same factor are that attribute, so ModelNew can pass it at run time instead of baking it in.
+    """
+    sources: dict[str, str] = {}
+    for mod_path, mod in model.named_modules():
+        for key, value in list(vars(mod).items()):
+            if key.startswith("_") or not isinstance(value, float) or isinstance(value, bool):
+                continue
+            if value == 0.0 or math.isnan(value) or math.isinf(value):
+                continue
+            attr = f"{mod_path}.{key}" if mod_path else key
+            setattr(mod, key, value * PERTURB)
+            try:
+                moved = float_constants(torch.fx.symbolic_trace(model))
+            except Exception:
+                moved = {}
+            finally:
+                setattr(mod, key, value)
+            for path, old in base.items():
+                new = moved.get(path)
+                if old == value and new == value * PERTURB:
+                    sources.setdefault(path, attr)
+    return sources
+
+
+def check_init(ns_ref: dict[str, Any], init_source: str) -> dict[str, Any]:
+    """Constructs Model and the synthesized ModelNew from the same seed and compares their state."""
+    # Module-level constants of the reference are visible to the constructor (the final ModelNew
+    # has them inlined as literals).
+    ns_new: dict[str, Any] = {"__name__": "model_new_init"}
+    ns_new.update({k: v for k, v in ns_ref.items() if k in global_literals(ns_ref)})
+    exec(compile(init_source, "model_new_init.py", "exec"), ns_new)
+    args = ns_ref["get_init_inputs"]()
+    torch.manual_seed(1234)
+    ref = ns_ref["Model"](*args)
+    torch.manual_seed(1234)
+    new = ns_new["ModelNew"](*args)
+    ref_state, new_state = ref.state_dict(), new.state_dict()
+    if list(ref_state) != list(new_state):
+        return {"ok": False, "detail": f"state keys differ: {list(ref_state)} vs {list(new_state)}"}
+    for key, value in ref_state.items():
+        other = new_state[key]
+        if value.shape != other.shape or value.dtype != other.dtype or not torch.equal(value, other):
+            return {"ok": False, "detail": f"{key} differs between Model and ModelNew"}
+    ref_modes = [m.training for m in ref.modules()]
+    new_modes = [m.training for m in new.modules()]
+    if ref_modes != new_modes:
+        return {"ok": False, "detail": "train/eval modes differ between Model and ModelNew"}
+    return {"ok": True, "detail": ""}
+
+
+def run_shapes(gm: torch.fx.GraphModule, ns: dict[str, Any]) -> tuple[list[Any], Recorder]:
+    """Shapes of every node, from fake tensors (no memory, no FLOPs) or, where that fails, a real run."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            torch.manual_seed(1)
+            inputs = list(ns["get_inputs"]())
+            recorder = Recorder(gm)
+            with torch.no_grad():
+                recorder.run(*inputs)
+        return inputs, recorder
+    except Exception:
+        torch.manual_seed(1)
+        inputs = list(ns["get_inputs"]())
+        recorder = Recorder(gm)
+        with torch.no_grad():
+            recorder.run(*inputs)
+        return inputs, recorder
+
+
+def global_literals(ns: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in ns.items():
+        if key.startswith("__") or isinstance(value, types.ModuleType):
+            continue
+        if isinstance(value, SCALAR_TYPES) or (
+            isinstance(value, tuple) and all(isinstance(v, SCALAR_TYPES) for v in value)
+        ):
+            out[key] = encode(value)
+    return out
+
+
+def trace(source: str, init_source: str | None) -> dict[str, Any]:
+    ns: dict[str, Any] = {"__name__": "reference"}
+    exec(compile(source, "reference.py", "exec"), ns)
+    torch.manual_seed(0)
+    model = ns["Model"](*ns["get_init_inputs"]())
+    gm = torch.fx.symbolic_trace(model)
+    inputs, recorder = run_shapes(gm, ns)
+    result: dict[str, Any] = {
+        "ok": True,
+        "nodes": graph_nodes(gm, recorder.meta),
+        "inputs": [value_meta(x) for x in inputs],
+        "init_inputs": encode(list(ns["get_init_inputs"]())),
+        "training": bool(model.training),
+        "scalar_sources": scalar_sources(model, float_constants(gm)),
+        "globals": global_literals(ns),
+        "torch_version": torch.__version__,
+    }
+    if init_source is not None:
+        result["init_check"] = check_init(ns, init_source)
+    return result
+
+
+def main() -> None:
+    request = json.loads(sys.stdin.read())
+    out_path = sys.argv[1]
+    torch.set_num_threads(1)
+    try:
+        result = trace(request["source"], request.get("init_source"))
+    except BaseException as exc:
+        tb = traceback.extract_tb(exc.__traceback__)
+        where = next((f"line {f.lineno}" for f in reversed(tb) if f.filename == "reference.py"), "")
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "where": where}
+    with open(out_path, "w") as fh:
+        json.dump(result, fh)
+
+
+if __name__ == "__main__":
+    main()

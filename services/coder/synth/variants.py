@@ -1,0 +1,152 @@
+"""The synthesizer's tuning knobs, and how the optimize skill picks the next ones from a verdict.
+
+A variant is a small set of named choices recorded in Candidate.variant. `next_variants` reads the
+Verifier's verdict on the previous candidate (build error, mismatch, custom-kernel share, bound,
+bandwidth) and proposes the variants most likely to fix or speed it up, skipping those already tried
+(their signatures travel in Candidate.variant["tried"]).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from stitchcuda.api.v1 import verify_pb2
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    # Threads per block of CUDA elementwise kernels.
+    "block": ("256", "128", "512"),
+    # Maximum threads per block of CUDA row kernels (softmax, norms, reductions).
+    "row_block": ("512", "256", "1024"),
+    # Elements per CUDA thread access (float4 loads when 4).
+    "vec": ("4", "1"),
+    # auto: the synthesizer's own fusion; plan: never fuse across the plan's subtasks; none: one op per kernel.
+    "fusion": ("auto", "plan", "none"),
+    # GEMMs: the vendor library with a custom epilogue kernel, or the synthesizer's own tiled GEMM.
+    "gemm": ("library", "custom"),
+    # The bias of nn.Linear: inside the library call (addmm) or in the epilogue kernel.
+    "gemm_bias": ("library", "epilogue"),
+    # The bias of a convolution: in the epilogue kernel or inside the library call.
+    "conv_bias": ("epilogue", "library"),
+    # Accumulator of sums: auto (double on CPU and for split reductions, float otherwise), float, double.
+    "acc": ("auto", "double", "float"),
+    # Split long reductions over several blocks/threads when there are few rows.
+    "split": ("auto", "off"),
+    # Elements per at::parallel_for task on CPU.
+    "grain": ("32768", "8192", "131072"),
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    block: str = "256"
+    row_block: str = "512"
+    vec: str = "4"
+    fusion: str = "auto"
+    gemm: str = "library"
+    gemm_bias: str = "library"
+    conv_bias: str = "epilogue"
+    acc: str = "auto"
+    split: str = "auto"
+    grain: str = "32768"
+
+    def signature(self) -> str:
+        changed = ",".join(f"{k}={v}" for k, v in asdict(self).items() if v != CHOICES[k][0])
+        return changed or "default"
+
+    def as_map(self) -> dict[str, str]:
+        return dict(asdict(self))
+
+    @staticmethod
+    def from_map(values: dict[str, str] | Any) -> Variant:
+        known = {f.name for f in fields(Variant)}
+        picked = {k: str(v) for k, v in dict(values).items() if k in known and str(v) in CHOICES[k]}
+        return Variant(**picked)
+
+    def with_(self, **changes: str) -> Variant:
+        return replace(self, **changes)
+
+
+def tried_signatures(values: dict[str, str] | Any) -> list[str]:
+    raw = dict(values).get("tried", "")
+    return [s for s in str(raw).split(";") if s]
+
+
+def _finding_rules(verdict: verify_pb2.Verdict) -> set[str]:
+    return {f.rule for f in verdict.findings if f.severity >= verify_pb2.SEVERITY_WARNING}
+
+
+def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> list[tuple[Variant, str]]:
+    """Variants to try next, most promising first, each with the reason it was chosen."""
+    out: list[tuple[Variant, str]] = []
+    rules = _finding_rules(verdict)
+    text = " ".join([verdict.reason, verdict.feedback, " ".join(rules)]).lower()
+    if verdict.build.error or (not verdict.compiled and verdict.build.ok is False and verdict.reason):
+        # A build failure of generated code: step to the most conservative code shapes.
+        out.append((previous.with_(vec="1"), "the build failed: scalar accesses instead of float4"))
+        out.append((previous.with_(vec="1", fusion="none"), "the build failed: one kernel per op"))
+        return out
+    if verdict.compiled and not verdict.correct:
+        worst = verdict.correctness.max_rel_l2
+        tol = verdict.correctness.tolerance
+        if previous.acc != "double" and (tol > 0 and worst < 100 * tol):
+            out.append((previous.with_(acc="double"), f"close miss (rel_l2 {worst:.2e} vs {tol:.2e}): double sums"))
+        if previous.fusion != "none":
+            out.append((previous.with_(fusion="none"), "mismatch: isolate the ops in separate kernels"))
+        if previous.vec != "1":
+            out.append((previous.with_(vec="1"), "mismatch: scalar accesses"))
+        return out
+    if "custom" in text and ("share" in text or "d6" in text):
+        # The library call dominates device time and the policy wants custom kernels doing the work.
+        if previous.gemm != "custom":
+            out.append((previous.with_(gemm="custom"), "custom-kernel share too low: own tiled GEMM"))
+        if previous.gemm_bias != "epilogue":
+            out.append((previous.with_(gemm_bias="epilogue"), "custom-kernel share too low: bias in epilogue"))
+        if previous.conv_bias != "epilogue":
+            out.append((previous.with_(conv_bias="epilogue"), "custom-kernel share too low: conv bias in epilogue"))
+    bound = verdict.profile.bound or ""
+    if cuda:
+        if bound == "memory" or not bound:
+            for vec in ("4", "1"):
+                if previous.vec != vec:
+                    out.append((previous.with_(vec=vec), f"memory-bound: vector width {vec}"))
+            for block in CHOICES["block"]:
+                if block != previous.block:
+                    out.append((previous.with_(block=block), f"memory-bound: {block} threads per block"))
+            for rb in CHOICES["row_block"]:
+                if rb != previous.row_block:
+                    out.append((previous.with_(row_block=rb), f"row kernels with up to {rb} threads"))
+        if previous.split != "off":
+            out.append((previous.with_(split="off"), "one block per row, no split reduction"))
+        if previous.gemm_bias != "epilogue":
+            out.append((previous.with_(gemm_bias="epilogue"), "bias fused into the epilogue kernel"))
+        if previous.conv_bias != "library":
+            out.append((previous.with_(conv_bias="library"), "conv bias inside the library call"))
+    else:
+        for grain in CHOICES["grain"]:
+            if grain != previous.grain:
+                out.append((previous.with_(grain=grain), f"{grain} elements per parallel task"))
+        if previous.gemm_bias != "epilogue":
+            out.append((previous.with_(gemm_bias="epilogue"), "bias fused into the epilogue kernel"))
+        if previous.acc != "float":
+            out.append((previous.with_(acc="float"), "float accumulators (faster sums)"))
+    if previous.fusion != "auto":
+        out.insert(0, (previous.with_(fusion="auto"), "back to full fusion"))
+    return out
+
+
+def next_variants(
+    previous_map: dict[str, str] | Any, verdict: verify_pb2.Verdict, *, cuda: bool, count: int
+) -> list[tuple[Variant, str]]:
+    """Up to `count` untried variants for the next optimize round."""
+    previous = Variant.from_map(previous_map)
+    tried = set(tried_signatures(previous_map)) | {previous.signature()}
+    picked: list[tuple[Variant, str]] = []
+    for variant, why in proposals(previous, verdict, cuda=cuda):
+        sig = variant.signature()
+        if sig in tried or any(sig == v.signature() for v, _ in picked):
+            continue
+        picked.append((variant, why))
+        if len(picked) >= count:
+            break
+    return picked

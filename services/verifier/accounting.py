@@ -1,0 +1,188 @@
+"""Kernel accounting (D6): which kernels ran in one profiled call, whose they are, on which stream.
+
+Attribution does not trust kernel names: the runner wraps every function of the candidate's extension
+in a profiler range with a secret token, so a GPU kernel is *custom* when its launch happened inside
+such a range and not inside an ATen op; otherwise it is *library* (cuBLAS/cuDNN/CUTLASS names, BLAS
+and convolution ops on a CPU) or *torch*. On a CPU the "kernels" are the extension's own time (its
+ranges minus the ATen ops inside them) and the ATen ops.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+GPU_LIBRARY = re.compile(
+    r"gemm|cublas|cutlass|cudnn|xmma|nvjet|magma|cusparse|curand|cufft|implicit_convolve|winograd|"
+    r"^(void )?(sm\d+_|ampere_|volta_|turing_|hopper_|maxwell_)|flash_fwd|flash_bwd|fmha|cub::",
+    re.IGNORECASE,
+)
+CPU_LIBRARY = re.compile(
+    r"^aten::(mm|addmm|bmm|baddbmm|addbmm|matmul|linear|mv|addmv|dot|vdot|einsum|tensordot|conv|_conv|"
+    r"convolution|_convolution|mkldnn|_mkldnn|cudnn|miopen|_scaled_dot|scaled_dot|lstm|gru|rnn|_fused|fbgemm)"
+)
+LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
+JOINS = ("cudaStreamWaitEvent", "cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cuStreamWaitEvent")
+_GLOBAL = re.compile(r"__global__\s+(?:[\w:<>,\s\*&]*?\s)?(\w+)\s*\(")
+
+
+@dataclass
+class Kernel:
+    name: str
+    origin: str
+    time_ms: float = 0.0
+    calls: int = 0
+    stream: int = 0
+
+
+@dataclass
+class Accounting:
+    kernels: list[Kernel] = field(default_factory=list)
+    total_ms: float = 0.0
+    custom_ms: float = 0.0
+    library_ms: float = 0.0
+    torch_ms: float = 0.0
+    custom_count: int = 0
+    side_stream_custom: list[str] = field(default_factory=list)
+    joined: bool = True
+    caller_stream: int | None = None
+    note: str = ""
+
+    def share(self, origin: str) -> float:
+        value = {"custom": self.custom_ms, "library": self.library_ms, "torch": self.torch_ms}[origin]
+        return value / self.total_ms if self.total_ms > 0 else 0.0
+
+
+def global_symbols(sources: dict[str, str]) -> set[str]:
+    """`__global__` kernel names defined in the candidate's sources (a fallback for attribution)."""
+    names: set[str] = set()
+    for text in sources.values():
+        clean = re.sub(r"__launch_bounds__\s*\([^)]*\)", " ", text)
+        names.update(m.group(1) for m in _GLOBAL.finditer(clean))
+    return {n for n in names if len(n) >= 3}
+
+
+def _contains(outer: dict[str, Any], inner_ts: float, tid: str) -> bool:
+    return outer["tid"] == tid and outer["ts"] <= inner_ts <= outer["ts"] + outer["dur"]
+
+
+def _top_level(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """ATen ops not nested inside another ATen op on the same thread."""
+    tops: list[dict[str, Any]] = []
+    by_tid: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for op in ops:
+        by_tid[op["tid"]].append(op)
+    for items in by_tid.values():
+        items.sort(key=lambda e: (e["ts"], -e["dur"]))
+        end = -1.0
+        for op in items:
+            if op["ts"] >= end:
+                tops.append(op)
+                end = op["ts"] + op["dur"]
+    return tops
+
+
+def account(events: list[dict[str, Any]], token: str, device: str, symbols: set[str]) -> Accounting:
+    spans = [e for e in events if e["cat"] == "user_annotation" and e["name"].startswith(f"{token}::")]
+    forward = next((e for e in spans if e["name"] == f"{token}::forward"), None)
+    custom_spans = [e for e in spans if e is not forward]
+    if forward is None:
+        return Accounting(note="the profiled call left no trace")
+    lo, hi = forward["ts"], forward["ts"] + forward["dur"]
+    ops = [e for e in events if e["cat"] == "cpu_op" and lo <= e["ts"] <= hi]
+    if device == "cuda":
+        return _account_gpu(events, custom_spans, ops, symbols, lo, hi)
+    return _account_cpu(custom_spans, ops)
+
+
+def _account_cpu(custom_spans: list[dict[str, Any]], ops: list[dict[str, Any]]) -> Accounting:
+    acc = Accounting()
+    tops = _top_level(ops)
+    groups: dict[tuple[str, str], Kernel] = {}
+
+    def add(name: str, origin: str, ms: float) -> None:
+        k = groups.setdefault((name, origin), Kernel(name=name, origin=origin))
+        k.time_ms += ms
+        k.calls += 1
+
+    for span in custom_spans:
+        inside = [op for op in tops if _contains(span, op["ts"], op["tid"])]
+        own_ms = max(0.0, span["dur"] - sum(op["dur"] for op in inside)) / 1e3
+        add(span["name"].split("::", 1)[1], "custom", own_ms)
+        acc.custom_ms += own_ms
+        acc.custom_count += 1
+    for op in tops:
+        origin = "library" if CPU_LIBRARY.match(op["name"]) else "torch"
+        ms = op["dur"] / 1e3
+        add(op["name"], origin, ms)
+        if origin == "library":
+            acc.library_ms += ms
+        else:
+            acc.torch_ms += ms
+    acc.total_ms = acc.custom_ms + acc.library_ms + acc.torch_ms
+    acc.kernels = sorted(groups.values(), key=lambda k: -k.time_ms)
+    return acc
+
+
+def _account_gpu(
+    events: list[dict[str, Any]],
+    custom_spans: list[dict[str, Any]],
+    ops: list[dict[str, Any]],
+    symbols: set[str],
+    lo: float,
+    hi: float,
+) -> Accounting:
+    acc = Accounting()
+    runtime = [e for e in events if e["cat"] in ("cuda_runtime", "cuda_driver")]
+    launches = {e["correlation"]: e for e in runtime if e["name"].startswith(LAUNCHES) and e["correlation"] is not None}
+    device_work = [e for e in events if e["cat"] in ("kernel", "gpu_memcpy", "gpu_memset")]
+    marker = next((e for e in device_work if e["cat"] == "kernel" and "spin" in e["name"].lower()), None)
+    if marker is not None:
+        acc.caller_stream = marker.get("stream")
+    groups: dict[tuple[str, str, int], Kernel] = {}
+    first_side_launch: float | None = None
+    for e in device_work:
+        if e is marker:
+            continue
+        launch = launches.get(e.get("correlation"))
+        if launch is not None and not (lo <= launch["ts"] <= hi):
+            continue
+        if e["cat"] != "kernel":
+            origin = "torch"
+        elif launch is not None:
+            in_span = any(_contains(s, launch["ts"], launch["tid"]) for s in custom_spans)
+            in_op = any(_contains(op, launch["ts"], launch["tid"]) for op in ops)
+            if in_span and not in_op:
+                origin = "library" if GPU_LIBRARY.search(e["name"]) else "custom"
+            else:
+                origin = "library" if GPU_LIBRARY.search(e["name"]) else "torch"
+        elif any(re.search(rf"\b{re.escape(s)}\b", e["name"]) for s in symbols):
+            origin = "custom"
+        else:
+            origin = "library" if GPU_LIBRARY.search(e["name"]) else "torch"
+        stream = int(e.get("stream") or 0)
+        ms = e["dur"] / 1e3
+        key = (e["name"], origin, stream)
+        k = groups.setdefault(key, Kernel(name=e["name"], origin=origin, stream=stream))
+        k.time_ms += ms
+        k.calls += 1
+        if origin == "custom":
+            acc.custom_ms += ms
+            acc.custom_count += 1
+            if acc.caller_stream is not None and stream != acc.caller_stream:
+                acc.side_stream_custom.append(e["name"][:120])
+                ts = launch["ts"] if launch is not None else e["ts"]
+                first_side_launch = ts if first_side_launch is None else min(first_side_launch, ts)
+        elif origin == "library":
+            acc.library_ms += ms
+        else:
+            acc.torch_ms += ms
+    if first_side_launch is not None:
+        acc.joined = any(
+            e["name"].startswith(JOINS) and first_side_launch <= e["ts"] <= hi for e in runtime
+        )
+    acc.total_ms = acc.custom_ms + acc.library_ms + acc.torch_ms
+    acc.kernels = sorted(groups.values(), key=lambda k: -k.time_ms)
+    return acc

@@ -1,0 +1,260 @@
+"""Builds candidate extensions in a sandbox, cached by content hash behind the ArtifactStore port.
+
+The cache key covers the sources and headers, the manifest (name, flags, backend), the CUDA arch list
+and the toolchain (torch, CUDA, compiler, Python ABI), never model_new.py: candidates that differ only in
+their Python glue share one build. A build is a tar.gz of the built .so under Keys.build_cache(key).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import io
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from stitchcuda.api.v1 import code_pb2, verify_pb2
+from stitchcuda.shared.artifacts import ArtifactStore, Keys, sha256_hex
+from stitchcuda.shared.candidate import ENTRY
+from stitchcuda.shared.errors import NotFound
+from stitchcuda.verifier.sandbox import Mount, RunSpec, Sandbox
+from stitchcuda.verifier.settings import VerifierSettings
+
+log = logging.getLogger("stitchcuda.verifier.build")
+
+_ERROR_PATTERNS = [
+    re.compile(r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:\d+:)?\s*(?:fatal )?error:\s*(?P<msg>.+)$"),
+    re.compile(r"^(?P<file>[^\s(]+)\((?P<line>\d+)\):\s*(?:catastrophic )?error:?\s*(?P<msg>.+)$"),
+]
+_LINK_PATTERNS = [
+    re.compile(r"undefined reference to [`'](?P<msg>[^']+)'"),
+    re.compile(r"undefined symbol: (?P<msg>\S+)"),
+    re.compile(r"(?P<msg>ld returned \d+ exit status)"),
+]
+
+
+@functools.cache
+def _tool_version(*cmd: str) -> str:
+    try:
+        res = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30, check=False)
+        lines = (res.stdout or res.stderr).strip().splitlines()
+        return lines[-1] if cmd[0].endswith("nvcc") and lines else (lines[0] if lines else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def toolchain(backend: str, arch_list: str) -> dict[str, str]:
+    import torch
+
+    info = {
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda or "",
+        "python": sysconfig.get_config_var("SOABI") or sys.version,
+        "cxx": _tool_version(os.environ.get("CXX", "c++"), "--version"),
+        "abi": str(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", "")),
+    }
+    if backend == "cuda":
+        info["nvcc"] = _tool_version(shutil.which("nvcc") or "nvcc", "--version")
+        info["arch"] = arch_list
+    return info
+
+
+def cache_key(candidate: code_pb2.Candidate, arch_list: str) -> str:
+    build = candidate.build
+    entry = candidate.entry or ENTRY
+    files = {f.path: sha256_hex(f.content) for f in candidate.files if f.path != entry and not f.path.endswith(".py")}
+    doc = {
+        "name": build.extension_name,
+        "backend": build.backend,
+        "sources": list(build.sources),
+        "cflags": list(build.cflags),
+        "cuda_cflags": list(build.cuda_cflags),
+        "ldflags": list(build.ldflags),
+        "files": files,
+        "toolchain": toolchain(build.backend, arch_list),
+    }
+    return sha256_hex(json.dumps(doc, sort_keys=True))
+
+
+def first_error(log_text: str, build_dir: str = "") -> str:
+    """The first real compiler error, trimmed to `file:line: error: message`."""
+    lines = log_text.replace("\\n", "\n").splitlines()
+    for line in lines:
+        text = line.strip()
+        for pattern in _ERROR_PATTERNS:
+            m = pattern.match(text)
+            if m:
+                name = os.path.basename(m.group("file"))
+                return f"{name}:{m.group('line')}: error: {m.group('msg').strip()}"[:400]
+    for line in lines:
+        for pattern in _LINK_PATTERNS:
+            m = pattern.search(line)
+            if m:
+                return f"link error: {m.group(0).strip()}"[:400]
+    for line in lines:
+        if "error" in line.lower() and "Error building extension" not in line:
+            return line.strip().replace(build_dir, "")[:400]
+    return (lines[-1].strip() if lines else "build failed")[:400]
+
+
+class Builder:
+    """Turns a candidate into a directory holding `<extension_name>.so`, compiling only on a cache miss."""
+
+    def __init__(self, settings: VerifierSettings, artifacts: ArtifactStore, sandbox: Sandbox) -> None:
+        self.settings = settings
+        self.artifacts = artifacts
+        self.sandbox = sandbox
+        self.root = settings.build_root()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def key(self, candidate: code_pb2.Candidate) -> str:
+        return cache_key(candidate, self.settings.cuda_arch_list)
+
+    def local_dir(self, key: str) -> Path:
+        return self.root / key
+
+    def build(self, candidate: code_pb2.Candidate) -> tuple[verify_pb2.BuildResult, Path | None]:
+        started = time.monotonic()
+        key = self.key(candidate)
+        name = candidate.build.extension_name
+        result = verify_pb2.BuildResult(cache_key=key)
+        target = self.local_dir(key)
+        with self._lock(key):
+            if (target / f"{name}.so").is_file():
+                result.ok, result.cached = True, True
+            elif self._fetch(key, target, name):
+                result.ok, result.cached = True, True
+            else:
+                ok, error, log_tail = self._compile(candidate, target)
+                result.ok, result.error, result.log_tail = ok, error, log_tail
+                if ok:
+                    self._store(key, target)
+        result.seconds = time.monotonic() - started
+        return result, (target if result.ok else None)
+
+    @contextlib.contextmanager
+    def _lock(self, key: str) -> Iterator[None]:
+        path = self.root / f".{key}.lock"
+        with open(path, "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def _fetch(self, key: str, target: Path, name: str) -> bool:
+        try:
+            blob = self.artifacts.get(Keys.build_cache(key))
+        except NotFound:
+            return False
+        staging = Path(tempfile.mkdtemp(dir=self.root, prefix=".fetch-"))
+        try:
+            with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
+                for member in tar.getmembers():
+                    if not member.isfile() or "/" in member.name or member.name.startswith("."):
+                        continue  # flat archives of plain files only: no links, no paths
+                    src = tar.extractfile(member)
+                    if src is not None:
+                        (staging / member.name).write_bytes(src.read())
+            if not (staging / f"{name}.so").is_file():
+                return False
+            for path in staging.iterdir():
+                path.chmod(0o644)
+            staging.chmod(0o755)
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(staging, target)
+            return True
+        except (tarfile.TarError, OSError) as exc:
+            log.warning("build cache entry %s is unreadable (%s); rebuilding", key[:12], exc)
+            return False
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _store(self, key: str, target: Path) -> None:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            for path in sorted(target.glob("*.so")):
+                tar.add(path, arcname=path.name)
+        try:
+            self.artifacts.put(Keys.build_cache(key), buf.getvalue(), "application/gzip")
+        except Exception as exc:  # a cache we cannot fill only costs a rebuild elsewhere
+            log.warning("could not store build %s in the artifact store: %s", key[:12], exc)
+
+    def _compile(self, candidate: code_pb2.Candidate, target: Path) -> tuple[bool, str, str]:
+        name = candidate.build.extension_name
+        run_dir = Path(tempfile.mkdtemp(dir=self.root, prefix=".build-"))
+        try:
+            src = run_dir / "src"
+            work = run_dir / "work"
+            src.mkdir()
+            work.mkdir()
+            entry = candidate.entry or ENTRY
+            for f in candidate.files:
+                if f.path == entry or f.path.endswith(".py"):
+                    continue
+                path = src / f.path
+                if ".." in Path(f.path).parts or Path(f.path).is_absolute():
+                    return False, f"source path escapes the candidate folder: {f.path}", ""
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(f.content)
+            for path in [src, *src.rglob("*")]:
+                path.chmod(0o755 if path.is_dir() else 0o644)
+            mounts = {"src": Mount(src), "work": Mount(work, writable=True)}
+            inside = self.sandbox.paths(mounts)
+            out_dir = f"{inside['work']}/out"
+            (work / "out").mkdir()
+            nonce = os.urandom(8).hex()
+            header = {
+                "nonce": nonce,
+                "name": name,
+                "sources": [f"{inside['src']}/{s}" for s in candidate.build.sources],
+                "cflags": list(candidate.build.cflags),
+                "cuda_cflags": list(candidate.build.cuda_cflags),
+                "ldflags": list(candidate.build.ldflags),
+                "build_dir": out_dir,
+                "with_cuda": candidate.build.backend == "cuda",
+                "arch_list": self.settings.cuda_arch_list if candidate.build.backend == "cuda" else "",
+            }
+            spec = RunSpec(
+                script="build_ext.py",
+                header=header,
+                payload=b"",
+                mounts=mounts,
+                device="cpu",
+                timeout_s=self.settings.build_timeout_s,
+                memory_bytes=int(self.settings.build_memory_limit_gb * (1 << 30)),
+                label="build",
+                extra_env={"MAX_JOBS": str(self.settings.build_jobs)},
+            )
+            outcome = self.sandbox.run(spec)
+            record = outcome.first("build")
+            if record and record[0].get("ok") and outcome.completed(nonce):
+                so = work / "out" / f"{name}.so"
+                staging = Path(tempfile.mkdtemp(dir=self.root, prefix=".stage-"))
+                shutil.copy2(so, staging / so.name)
+                (staging / so.name).chmod(0o644)
+                staging.chmod(0o755)
+                shutil.rmtree(target, ignore_errors=True)
+                os.replace(staging, target)
+                return True, "", ""
+            text = (record[0].get("error", "") if record else "") or outcome.log_tail
+            if not record:
+                text = f"{outcome.crash_reason()}\n{text}"
+            error = first_error(text, str(run_dir))
+            if outcome.timed_out:
+                error = f"build timed out after {self.settings.build_timeout_s:.0f} s"
+            return False, error, text[-4000:]
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)

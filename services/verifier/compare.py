@@ -1,0 +1,248 @@
+"""Correctness in the trusted parent (D3): candidate outputs against float64 ground truth.
+
+The tolerance comes from the float32 reference's own error against float64: rel_L2 <= max(floor,
+factor * err_ref32) and the same for the relative max error, so precision downgrades and near-zero
+outputs are caught while honest float32 rounding passes. Comparisons are written `ok = err <= tol`,
+so a NaN error is a failure. NaN/Inf must sit where the float32 reference has them; dtype and shape
+must match exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+# Extra slack when the problem declares that reduced precision is allowed (policy.allowed_precision).
+PRECISION_FLOOR = {"tf32": 5e-3, "fp16": 5e-3, "float16": 5e-3, "bf16": 3e-2, "bfloat16": 3e-2}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rel_l2: float
+    rel_max: float
+    ref_err_l2: float
+    ref_err_max: float
+
+
+@dataclass
+class OutputCheck:
+    ok: bool
+    rule: str = ""
+    detail: str = ""
+    rel_l2: float = 0.0
+    rel_max: float = 0.0
+    max_abs: float = 0.0
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SetCheck:
+    ok: bool
+    outputs: list[OutputCheck]
+
+    @property
+    def worst(self) -> OutputCheck:
+        failing = [o for o in self.outputs if not o.ok]
+        if failing:
+            return failing[0]
+        return max(self.outputs, key=lambda o: o.rel_l2, default=OutputCheck(ok=True))
+
+
+def _finite_pair(c: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    mask = torch.isfinite(c) & torch.isfinite(t)
+    return c[mask], t[mask]
+
+
+def errors(candidate: torch.Tensor, target: torch.Tensor) -> tuple[float, float, float]:
+    """(relative L2, max error relative to max |target|, max absolute error) over finite positions."""
+    c, t = _finite_pair(candidate.detach().double().reshape(-1), target.detach().double().reshape(-1))
+    if t.numel() == 0:
+        return 0.0, 0.0, 0.0
+    diff = c - t
+    max_abs = float(diff.abs().max())
+    norm_t = float(torch.linalg.vector_norm(t))
+    peak = float(t.abs().max())
+    rel_l2 = float(torch.linalg.vector_norm(diff)) / norm_t if norm_t > 0 else max_abs
+    rel_max = max_abs / peak if peak > 0 else max_abs
+    return rel_l2, rel_max, max_abs
+
+
+def tolerances(
+    references: list[tuple[list[Any], list[Any] | None]],
+    *,
+    floor: float,
+    max_floor: float,
+    factor: float,
+    precision: str = "",
+) -> list[Tolerance]:
+    """One tolerance per output, from the worst float32-vs-float64 error over every reference set."""
+    if not references:
+        return []
+    count = len(references[0][0])
+    extra = PRECISION_FLOOR.get(precision.lower(), 0.0)
+    out = []
+    for i in range(count):
+        err_l2, err_max = 0.0, 0.0
+        for ref32, ref64 in references:
+            a = ref32[i] if i < len(ref32) else None
+            b = ref64[i] if ref64 is not None and i < len(ref64) else None
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_floating_point():
+                l2, mx, _ = errors(a, b)
+                err_l2, err_max = max(err_l2, l2), max(err_max, mx)
+        out.append(
+            Tolerance(
+                rel_l2=max(floor, extra, factor * err_l2),
+                rel_max=max(max_floor, 10 * extra, factor * err_max),
+                ref_err_l2=err_l2,
+                ref_err_max=err_max,
+            )
+        )
+    return out
+
+
+def _describe_index(flat_index: int, shape: tuple[int, ...]) -> str:
+    if not shape:
+        return "()"
+    idx = []
+    for dim in reversed(shape):
+        idx.append(flat_index % dim if dim else 0)
+        flat_index //= dim if dim else 1
+    return "(" + ", ".join(str(i) for i in reversed(idx)) + ")"
+
+
+def _nonfinite_mismatch(c: torch.Tensor, r: torch.Tensor) -> str:
+    checks = [
+        ("NaN", torch.isnan(c), torch.isnan(r)),
+        ("+Inf", torch.isposinf(c), torch.isposinf(r)),
+        ("-Inf", torch.isneginf(c), torch.isneginf(r)),
+    ]
+    for label, cm, rm in checks:
+        extra = int((cm & ~rm).sum())
+        missing = int((rm & ~cm).sum())
+        if extra:
+            return f"{extra} {label} value(s) where the reference has none"
+        if missing:
+            return f"{missing} {label} value(s) of the reference are missing"
+    return ""
+
+
+def check_output(candidate: Any, ref32: Any, ref64: Any, tol: Tolerance) -> OutputCheck:
+    if not isinstance(ref32, torch.Tensor):
+        if isinstance(candidate, torch.Tensor):
+            return OutputCheck(False, "D3.type", f"returned a tensor where the reference returns {type(ref32).__name__}")
+        if isinstance(ref32, float) and isinstance(candidate, int | float):
+            err = abs(float(candidate) - ref32) / max(abs(ref32), 1e-30)
+            ok = err <= tol.rel_l2
+            return OutputCheck(ok, "" if ok else "D3.mismatch", "" if ok else f"{candidate!r} != {ref32!r}", err, err)
+        ok = candidate == ref32
+        return OutputCheck(bool(ok), "" if ok else "D3.mismatch", "" if ok else f"{candidate!r} != {ref32!r}")
+    if not isinstance(candidate, torch.Tensor):
+        return OutputCheck(False, "D3.type", f"returned {type(candidate).__name__}, expected a tensor")
+    if candidate.dtype != ref32.dtype:
+        return OutputCheck(False, "D3.dtype", f"dtype {candidate.dtype}, expected {ref32.dtype}")
+    if tuple(candidate.shape) != tuple(ref32.shape):
+        return OutputCheck(False, "D3.shape", f"shape {tuple(candidate.shape)}, expected {tuple(ref32.shape)}")
+    if not ref32.is_floating_point() and not ref32.is_complex():
+        bad = int((candidate != ref32).sum())
+        ok = bad == 0
+        return OutputCheck(ok, "" if ok else "D3.mismatch", "" if ok else f"{bad} of {ref32.numel()} values differ")
+    nonfinite = _nonfinite_mismatch(candidate, ref32)
+    if nonfinite:
+        return OutputCheck(False, "D3.nonfinite", nonfinite)
+    target = ref64 if isinstance(ref64, torch.Tensor) and ref64.shape == ref32.shape else ref32
+    # Where float64 is non-finite but float32 is finite (or the other way), float32 is the target.
+    target = torch.where(torch.isfinite(target.double()), target.double(), ref32.double())
+    rel_l2, rel_max, max_abs = errors(candidate, target)
+    ok = rel_l2 <= tol.rel_l2 and rel_max <= tol.rel_max
+    result = OutputCheck(ok, rel_l2=rel_l2, rel_max=rel_max, max_abs=max_abs)
+    if not ok:
+        result.rule = "D3.mismatch"
+        result.stats = mismatch_stats(candidate, target, tol)
+        result.detail = (
+            f"rel L2 {rel_l2:.3e} (tol {tol.rel_l2:.1e}), rel max {rel_max:.3e} (tol {tol.rel_max:.1e}); "
+            f"{result.stats.get('bad', 0)} of {candidate.numel()} elements off, worst at "
+            f"{result.stats.get('worst_index')}: got {result.stats.get('got')}, expected {result.stats.get('expected')}"
+        )
+    return result
+
+
+def mismatch_stats(candidate: torch.Tensor, target: torch.Tensor, tol: Tolerance) -> dict[str, Any]:
+    c = candidate.detach().double().reshape(-1)
+    t = target.detach().double().reshape(-1)
+    diff = (c - t).abs()
+    diff = torch.where(torch.isfinite(diff), diff, torch.full_like(diff, math.inf))
+    peak = float(t[torch.isfinite(t)].abs().max()) if bool(torch.isfinite(t).any()) else 1.0
+    bad_mask = diff > tol.rel_max * max(peak, 1e-30)
+    worst = int(torch.argmax(torch.nan_to_num(diff, posinf=1e300)))
+    first_bad = int(torch.nonzero(bad_mask)[0]) if bool(bad_mask.any()) else worst
+    shape = tuple(candidate.shape)
+    return {
+        "bad": int(bad_mask.sum()),
+        "fraction": float(bad_mask.float().mean()) if c.numel() else 0.0,
+        "worst_index": _describe_index(worst, shape),
+        "first_bad_index": _describe_index(first_bad, shape),
+        "got": float(f"{float(c[worst]):.6g}"),
+        "expected": float(f"{float(t[worst]):.6g}"),
+        "candidate_norm": float(torch.linalg.vector_norm(torch.nan_to_num(c))),
+        "reference_norm": float(torch.linalg.vector_norm(torch.nan_to_num(t))),
+    }
+
+
+def check_set(candidate: list[Any], ref32: list[Any], ref64: list[Any] | None, tols: list[Tolerance]) -> SetCheck:
+    if len(candidate) != len(ref32):
+        detail = f"returned {len(candidate)} output(s), the reference returns {len(ref32)}"
+        return SetCheck(False, [OutputCheck(False, "D3.structure", detail)])
+    checks = []
+    for i, (c, r) in enumerate(zip(candidate, ref32, strict=True)):
+        r64 = ref64[i] if ref64 is not None and i < len(ref64) else None
+        tol = tols[i] if i < len(tols) else Tolerance(1e-5, 1e-4, 0.0, 0.0)
+        checks.append(check_output(c, r, r64, tol))
+    return SetCheck(all(o.ok for o in checks), checks)
+
+
+def null_model_warnings(
+    references: list[tuple[list[Any], list[Any] | None]], tols: list[Tolerance]
+) -> list[str]:
+    """Problem-level D3 checks: a constant would pass, or the reference ignores its inputs."""
+    warnings: list[str] = []
+    if not references:
+        return warnings
+    for i, tol in enumerate(tols):
+        first = references[0][1][i] if references[0][1] is not None else references[0][0][i]
+        if not isinstance(first, torch.Tensor) or not first.is_floating_point() or first.numel() < 2:
+            continue
+        t = first.double()
+        finite = t[torch.isfinite(t)]
+        if finite.numel() == 0:
+            continue
+        constant = torch.full_like(t, float(finite.mean()))
+        l2, mx, _ = errors(constant, t)
+        if l2 <= tol.rel_l2 and mx <= tol.rel_max:
+            warnings.append(f"output {i}: a constant ({float(finite.mean()):.4g}) would pass the tolerance")
+        others = [r for r in references[1:] if isinstance(r[0][i], torch.Tensor)]
+        if others and all(
+            r[0][i].shape == references[0][0][i].shape
+            and errors(r[0][i], references[0][0][i])[0] <= tol.rel_l2
+            for r in others
+        ):
+            warnings.append(f"output {i}: the reference gives the same output for different inputs")
+    return warnings
+
+
+def identical_outputs(outputs: list[list[Any]]) -> bool:
+    """True when every list holds bitwise-identical tensors (a candidate ignoring its inputs)."""
+    if len(outputs) < 2:
+        return False
+    first = outputs[0]
+    for other in outputs[1:]:
+        if len(other) != len(first):
+            return False
+        for a, b in zip(first, other, strict=True):
+            if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+                return False
+            if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a.nan_to_num(), b.nan_to_num()):
+                return False
+    return True

@@ -1,0 +1,369 @@
+"""Turns a candidate run and its reference into verdict sections and findings, in the trusted parent.
+
+Every decision here is made on raw data the runner sent back (outputs, clock readings, profiler
+events, memory peaks); the candidate's process never decides whether it passed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from stitchcuda.api.v1 import plan_pb2, verify_pb2
+from stitchcuda.verifier import compare
+from stitchcuda.verifier.accounting import Accounting, account, global_symbols
+from stitchcuda.verifier.ceilings import Floor, physics_floor
+from stitchcuda.verifier.reference import ReferenceResult
+from stitchcuda.verifier.runner import CandidateRun, memory_budget
+
+SEVERITY = {
+    "INFO": verify_pb2.SEVERITY_INFO,
+    "WARNING": verify_pb2.SEVERITY_WARNING,
+    "REJECT": verify_pb2.SEVERITY_REJECT,
+}
+# Which reject explains a verdict best, when several fire (lower first).
+_PRIORITY = ["D9", "D8", "D1", "D10", "build", "candidate", "D5", "D3", "D6", "D7", "D11", "D4"]
+
+
+@dataclass
+class Policy:
+    trials: int
+    iterations: int
+    warmup: int
+    pool: int
+    min_custom_share: float
+    review_speedup: float
+    compile_baseline: bool
+    allowed_rules: list[str]
+    timeout_s: float
+    precision: str
+    tol_floor: float
+    tol_max_floor: float
+    tol_factor: float
+    floor_fraction: float
+    clock_factor: float
+    clock_slack_ms: float
+
+
+class FindingList:
+    """Collects findings; rules named in policy.allowed_rules are downgraded from REJECT to WARNING."""
+
+    def __init__(self, allowed: list[str]) -> None:
+        self.allowed = [a for a in allowed if a]
+        self.items: list[verify_pb2.Finding] = []
+
+    def add(self, rule: str, severity: str | int, detail: str, where: str = "") -> None:
+        level = SEVERITY[severity] if isinstance(severity, str) else int(severity)
+        if level == verify_pb2.SEVERITY_REJECT and any(rule == a or rule.startswith(a) for a in self.allowed):
+            level = verify_pb2.SEVERITY_WARNING
+            detail = f"{detail} (allowed by policy)"
+        for f in self.items:
+            if f.rule == rule and f.detail == detail[:600] and f.where == where[:200]:
+                return
+        self.items.append(verify_pb2.Finding(rule=rule, severity=level, detail=detail[:600], where=where[:200]))  # type: ignore[arg-type]
+
+    def extend(self, findings: list[verify_pb2.Finding]) -> None:
+        for f in findings:
+            self.add(f.rule, int(f.severity), f.detail, f.where)
+
+    def rejects(self) -> list[verify_pb2.Finding]:
+        found = [f for f in self.items if f.severity == verify_pb2.SEVERITY_REJECT]
+
+        def rank(f: verify_pb2.Finding) -> int:
+            head = f.rule.split(".")[0]
+            return _PRIORITY.index(head) if head in _PRIORITY else len(_PRIORITY)
+
+        return sorted(found, key=rank)
+
+
+@dataclass
+class Evaluation:
+    correct: bool = False
+    accounting: Accounting | None = None
+    floor: Floor | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def faults(run: CandidateRun, findings: FindingList, timeout_s: float) -> None:
+    """Crashes, hangs, resource kills and broken channels: a reason, never an exception."""
+    for f in run.findings:
+        findings.add(str(f.get("rule", "D9.unknown")), str(f.get("severity", "REJECT")), str(f.get("detail", "")), str(f.get("where", "")))
+    if run.fault:
+        stage = run.fault.get("stage", "?")
+        tb = run.fault.get("traceback") or []
+        where = str(tb[-1]) if tb else stage
+        findings.add("D1.crash", "REJECT", f"{stage} raised {run.fault.get('error', '')}", where)
+        return
+    out = run.outcome
+    if run.bad_record:
+        findings.add("D1.bad-record", "REJECT", run.bad_record)
+    elif out.memory_exceeded:
+        findings.add("D10.memory", "REJECT", f"the candidate process {out.crash_reason()}")
+    elif out.timed_out:
+        findings.add("D1.timeout", "REJECT", f"the candidate process {out.crash_reason()} (limit {timeout_s:.0f} s)")
+    elif not run.completed:
+        rule = "D1.no-completion-record" if out.returncode == 0 else "D1.crash"
+        findings.add(rule, "REJECT", f"the candidate process {out.crash_reason()}")
+
+
+def correctness(
+    run: CandidateRun, ref: ReferenceResult, policy: Policy, findings: FindingList
+) -> tuple[verify_pb2.CorrectnessResult, bool]:
+    plan = ref.plan
+    refs = [(s.ref32, s.ref64) for name, s in ref.sets.items() if name != plan.offshape]
+    tols = compare.tolerances(
+        refs, floor=policy.tol_floor, max_floor=policy.tol_max_floor, factor=policy.tol_factor, precision=policy.precision
+    )
+    result = verify_pb2.CorrectnessResult(tolerance=tols[0].rel_l2 if tols else policy.tol_floor)
+    expected = [n for n in plan.checked if n in ref.sets]
+    timed = sorted(n for n in run.outputs if n.startswith("timed["))
+    worst = 0.0
+    ok = bool(expected) and run.completed
+    for name in expected + timed:
+        rec = run.outputs.get(name)
+        set_name = name if name in plan.checked and name in ref.sets else (rec.set_name if rec else "")
+        if name in plan.checked:
+            set_name = plan.checked[name]
+        if rec is None or rec.outputs is None or set_name not in ref.sets:
+            if run.completed:
+                findings.add("D1.missing-output", "REJECT", f"no output was recorded for {name}", name)
+                ok = False
+            continue
+        data = ref.sets[set_name]
+        check = compare.check_set(rec.outputs, data.ref32, data.ref64, tols)
+        w = check.worst
+        worst = max(worst, w.rel_l2 if math.isfinite(w.rel_l2) else math.inf)
+        result.trials.add(
+            name=name,
+            ok=check.ok,
+            rel_l2=w.rel_l2,
+            max_abs=w.max_abs,
+            tolerance=tols[0].rel_l2 if tols else 0.0,
+            detail=w.detail,
+        )
+        if not check.ok:
+            ok = False
+            findings.add(w.rule or "D3.mismatch", "REJECT", w.detail, name)
+            if not result.failure:
+                result.failure = f"{name}: {w.detail}"
+    trial_outs = [run.outputs[n].outputs for n in expected if n.startswith("trial") and n in run.outputs]
+    trial_refs = [ref.sets[n].ref32 for n in expected if n.startswith("trial")]
+    if compare.identical_outputs([o for o in trial_outs if o is not None]) and not compare.identical_outputs(trial_refs):
+        findings.add("D3.constant-output", "REJECT", "the same output for different inputs, while the reference's changes")
+        ok = False
+    for warning in compare.null_model_warnings(refs, tols):
+        findings.add("D3.null-model", "WARNING", f"problem: {warning}; correctness rests on the other probes")
+    for name, reason in ref.skipped.items():
+        findings.add("D2.probe-skipped", "INFO", f"{name}: {reason}", name)
+    result.max_rel_l2 = worst
+    result.ok = ok
+    _shape_probe(run, ref, policy, result, findings)
+    return result, ok
+
+
+def _shape_probe(
+    run: CandidateRun,
+    ref: ReferenceResult,
+    policy: Policy,
+    result: verify_pb2.CorrectnessResult,
+    findings: FindingList,
+) -> None:
+    plan = ref.plan
+    if not plan.offshape or plan.offshape not in ref.sets:
+        return
+    dims = ", ".join(f"{k}={v}" for k, v in ref.offshape.get("dims", {}).items())
+    rec = run.outputs.get("offshape")
+    probe = result.shape_probe
+    probe.name = f"offshape ({dims})"
+    if rec is None:
+        return
+    if rec.error or rec.outputs is None:
+        probe.ok = False
+        probe.detail = rec.error or "no output"
+        findings.add("D4.off-shape", "WARNING", f"fails on unseen shapes ({dims}): {probe.detail}", "offshape")
+        return
+    data = ref.sets[plan.offshape]
+    tols = compare.tolerances(
+        [(data.ref32, data.ref64)],
+        floor=policy.tol_floor,
+        max_floor=policy.tol_max_floor,
+        factor=policy.tol_factor,
+        precision=policy.precision,
+    )
+    check = compare.check_set(rec.outputs, data.ref32, data.ref64, tols)
+    w = check.worst
+    probe.ok, probe.rel_l2, probe.max_abs, probe.detail = check.ok, w.rel_l2, w.max_abs, w.detail
+    probe.tolerance = tols[0].rel_l2 if tols else 0.0
+    if not check.ok:
+        findings.add("D4.off-shape", "WARNING", f"overfit to the benchmark shape ({dims}): {w.detail}", "offshape")
+
+
+def timing(
+    run: CandidateRun, ref: ReferenceResult, policy: Policy, findings: FindingList
+) -> verify_pb2.TimingResult:
+    t = verify_pb2.TimingResult()
+    dev = [float(x) for x in run.timing.get("device_ms", []) if isinstance(x, int | float)]
+    wall = [float(x) for x in run.timing.get("wall_ms", []) if isinstance(x, int | float)]
+    eager = ref.timing.get("eager", {}).get("device", {})
+    t.eager_ms = float(eager.get("median", 0.0))
+    t.eager_spread = _spread(eager)
+    t.compile_available = ref.compile_available
+    t.compile_ms = ref.compile_ms
+    if not dev:
+        return t
+    s, sw = _stats(dev), _stats(wall)
+    t.median_ms, t.p10_ms, t.p90_ms, t.iterations = s["median"], s["p10"], s["p90"], len(dev)
+    t.wall_median_ms = sw["median"]
+    t.spread = _spread(s)
+    if t.median_ms > 0:
+        t.speedup_vs_eager = t.eager_ms / t.median_ms
+        t.speedup_vs_compile = t.compile_ms / t.median_ms if t.compile_ms > 0 else 0.0
+    if ref.device == "cuda" and t.wall_median_ms > policy.clock_factor * t.median_ms + policy.clock_slack_ms:
+        findings.add(
+            "D7.clock-disagree",
+            "REJECT",
+            f"device clock {t.median_ms:.4f} ms but wall clock {t.wall_median_ms:.4f} ms: work outside the "
+            "caller's stream or after forward returned",
+            "timed loop",
+        )
+    calls = [int(c) for c in run.timing.get("custom_calls", []) if isinstance(c, int | float)]
+    idle = sum(1 for c in calls if c == 0)
+    if calls and idle:
+        findings.add(
+            "D6.skipped-work",
+            "REJECT",
+            f"{idle} of {len(calls)} timed calls never called the extension (cached or deferred results)",
+            "timed loop",
+        )
+    if t.speedup_vs_eager > policy.review_speedup:
+        findings.add("D7.review", "WARNING", f"speedup {t.speedup_vs_eager:.1f}x vs eager is above {policy.review_speedup:g}x: review")
+    if t.spread > 1.0:
+        findings.add("D7.noisy", "WARNING", f"timing spread (p90-p10)/median = {t.spread:.2f}: the machine is noisy")
+    return t
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+    return {"median": mid, "p10": ordered[round(0.1 * (n - 1))], "p90": ordered[round(0.9 * (n - 1))]}
+
+
+def _spread(s: dict[str, Any]) -> float:
+    median = float(s.get("median", 0.0))
+    return (float(s.get("p90", 0.0)) - float(s.get("p10", 0.0))) / median if median > 0 else 0.0
+
+
+def profile(
+    run: CandidateRun,
+    ref: ReferenceResult,
+    candidate_sources: dict[str, str],
+    candidate_ms: float,
+    plan: plan_pb2.Plan | None,
+    policy: Policy,
+    findings: FindingList,
+) -> tuple[verify_pb2.ProfileResult, Accounting | None]:
+    result = verify_pb2.ProfileResult()
+    acc: Accounting | None = None
+    if run.profile:
+        acc = account(list(run.profile.get("events", [])), run.token, ref.device, global_symbols(candidate_sources))
+        total = acc.total_ms or 1.0
+        for k in acc.kernels[:25]:
+            result.kernels.add(
+                name=k.name[:200], origin=k.origin, time_ms=k.time_ms, share=k.time_ms / total, stream=k.stream, calls=k.calls
+            )
+        result.custom_share = acc.share("custom")
+        result.library_share = acc.share("library")
+        result.torch_share = acc.share("torch")
+        if run.completed:
+            _accounting_findings(acc, run, ref, policy, findings)
+    elif run.completed:
+        findings.add("D6.no-profile", "REJECT", "the profiled call produced no trace")
+    floor = _floor(ref, plan, candidate_ms, findings, policy)
+    if floor is not None:
+        result.floor_ms, result.bound = floor.floor_ms, floor.bound
+        flops, nbytes = _work(ref, plan)
+        if candidate_ms > 0:
+            result.achieved_bandwidth_gbs = nbytes / (candidate_ms * 1e-3) / 1e9
+            result.achieved_tflops = flops / (candidate_ms * 1e-3) / 1e12
+        for k in result.kernels:
+            k.bound = floor.bound
+    return result, acc
+
+
+def _accounting_findings(
+    acc: Accounting, run: CandidateRun, ref: ReferenceResult, policy: Policy, findings: FindingList
+) -> None:
+    if acc.note:
+        findings.add("D6.no-profile", "REJECT", acc.note)
+        return
+    if acc.custom_count == 0 or acc.custom_ms <= 0:
+        what = "no custom kernel ran" if ref.device == "cuda" else "the extension did no work"
+        findings.add("D6.no-custom-kernel", "REJECT", f"{what} during the profiled forward call", "profile")
+        return
+    share = acc.share("custom")
+    if share + 1e-9 < policy.min_custom_share:
+        top = next((k for k in acc.kernels if k.origin != "custom"), None)
+        hint = f"; largest other: {top.name[:80]} ({top.origin}, {top.time_ms:.3f} ms)" if top else ""
+        findings.add(
+            "D6.low-custom-share",
+            "REJECT",
+            f"custom kernels cover {share:.0%} of the time (policy: at least {policy.min_custom_share:.0%}){hint}",
+            "profile",
+        )
+    if acc.side_stream_custom:
+        names = ", ".join(sorted(set(acc.side_stream_custom))[:3])
+        if acc.joined:
+            findings.add("D6.side-stream-joined", "INFO", f"custom kernels on a side stream, joined before return: {names}")
+        else:
+            findings.add(
+                "D6.unjoined-stream", "REJECT", f"custom kernels on a side stream never joined to the caller's: {names}"
+            )
+
+
+def _work(ref: ReferenceResult, plan: plan_pb2.Plan | None) -> tuple[float, float]:
+    flops = float(ref.cost.get("flops", 0.0))
+    nbytes = float(ref.cost.get("bytes", 0.0))
+    if plan is not None:
+        if plan.total_flops > 0:
+            flops = float(plan.total_flops)
+        if plan.total_bytes > 0:
+            nbytes = min(nbytes, float(plan.total_bytes)) if nbytes > 0 else float(plan.total_bytes)
+    return flops, nbytes
+
+
+def _floor(
+    ref: ReferenceResult,
+    plan: plan_pb2.Plan | None,
+    candidate_ms: float,
+    findings: FindingList,
+    policy: Policy,
+) -> Floor | None:
+    if ref.ceilings is None:
+        return None
+    flops, nbytes = _work(ref, plan)
+    floor = physics_floor(ref.ceilings, flops, nbytes, str(ref.cost.get("dtype", "float32")))
+    if candidate_ms > 0 and floor.floor_ms > 0 and candidate_ms < policy.floor_fraction * floor.floor_ms:
+        findings.add(
+            "D7.below-floor",
+            "REJECT",
+            f"{candidate_ms:.4f} ms is below {policy.floor_fraction:g}x the physics floor {floor.floor_ms:.4f} ms "
+            f"({nbytes / 1e6:.2f} MB at {ref.ceilings.peak_copy_gbs:.0f} GB/s, {flops / 1e9:.2f} GFLOP): work was skipped",
+            "timed loop",
+        )
+    return floor
+
+
+def memory(run: CandidateRun, ref: ReferenceResult, findings: FindingList) -> None:
+    peak = run.memory.get("peak_extra")
+    if ref.device != "cuda" or not isinstance(peak, int | float):
+        return
+    allowed, held = memory_budget(ref)
+    if peak > allowed + held:
+        findings.add(
+            "D10.memory",
+            "REJECT",
+            f"peak device memory {peak / 2**30:.2f} GiB beyond the runner's own; limit {allowed / 2**30:.2f} GiB "
+            "(max of 3x and +1 GiB over the reference's peak)",
+        )

@@ -1,0 +1,259 @@
+"""Helpers shared by the sandboxed runners: start-up, the private channel, inputs, timing (stdlib + torch)."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any, BinaryIO
+
+import wire
+
+# A frozen copy of the clock, taken when this module is first imported (before any candidate code).
+_PERF = time.perf_counter
+
+
+def start(description: str) -> tuple[argparse.Namespace, BinaryIO, BinaryIO]:
+    """Parses the runner's arguments, drops privileges, re-arms the parent-death signal, opens the fds."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--job-fd", type=int, required=True)
+    parser.add_argument("--result-fd", type=int, required=True)
+    parser.add_argument("--uid", type=int, default=-1)
+    parser.add_argument("--gid", type=int, default=-1)
+    args = parser.parse_args()
+    if args.uid >= 0 and os.getuid() == 0:
+        os.setgroups([])
+        os.setgid(args.gid if args.gid >= 0 else args.uid)
+        os.setuid(args.uid)
+    rearm_parent_death_signal()
+    job = wire.open_fd(args.job_fd, "r")
+    # Move the result channel to an unpredictable high fd so code that guesses fd numbers misses it.
+    target = 200 + int.from_bytes(os.urandom(2), "big") % 700
+    os.dup2(args.result_fd, target, inheritable=False)
+    os.close(args.result_fd)
+    out = wire.open_fd(target, "w")
+    return args, job, out
+
+
+def rearm_parent_death_signal() -> None:
+    """setuid() clears PR_SET_PDEATHSIG; set it again so this process dies with its parent."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def read_job(job: BinaryIO, max_payload: int = 64 << 30) -> tuple[dict[str, Any], bytes]:
+    frames = list(wire.read_frames(job, max_payload))
+    job.close()
+    if len(frames) != 1:
+        raise wire.WireError(f"expected one job frame, got {len(frames)}")
+    return frames[0]
+
+
+def exit_now(out: BinaryIO, code: int) -> None:
+    """Flushes the channel and leaves without running atexit handlers or finalizers."""
+    try:
+        out.flush()
+    except (OSError, ValueError):
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def where_in(exc: BaseException, filename: str) -> tuple[int, str]:
+    """The last traceback frame inside `filename`: (line, source text) or (0, "")."""
+    line, code = 0, ""
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if os.path.abspath(frame.filename) == os.path.abspath(filename):
+            line, code = frame.lineno or 0, (frame.line or "").strip()
+    return line, code
+
+
+def error_line(exc: BaseException, limit: int = 400) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    first = text[0] if text else type(exc).__name__
+    return first[:limit]
+
+
+def short_traceback(exc: BaseException, roots: tuple[str, ...], limit: int = 8) -> list[str]:
+    """Traceback frames that lie under one of `roots` (the candidate's own files), newest last."""
+    frames = []
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = os.path.abspath(frame.filename)
+        if any(path.startswith(r) for r in roots):
+            frames.append(f"{os.path.basename(path)}:{frame.lineno}: {(frame.line or '').strip()}")
+    return frames[-limit:]
+
+
+# --- inputs and outputs -------------------------------------------------------------------------
+
+
+def to_device(items: list[Any], device: str) -> list[Any]:
+    import torch
+
+    return [x.to(device).contiguous() if isinstance(x, torch.Tensor) else x for x in items]
+
+
+def refill(slot: list[Any], items: list[Any]) -> None:
+    """Copies new data into the slot's existing tensors: same addresses, different contents."""
+    import torch
+
+    with torch.no_grad():
+        for dst, src in zip(slot, items, strict=True):
+            if isinstance(dst, torch.Tensor):
+                dst.copy_(src)
+
+
+def flatten(out: Any) -> list[Any]:
+    if isinstance(out, list | tuple):
+        flat: list[Any] = []
+        for item in out:
+            flat.extend(flatten(item))
+        return flat
+    return [out]
+
+
+def to_cpu(outs: list[Any]) -> list[Any]:
+    import torch
+
+    return [o.detach().to("cpu") if isinstance(o, torch.Tensor) else o for o in outs]
+
+
+def same_bits(a: Any, b: Any) -> bool:
+    """Bitwise equality of two tensors (NaN equals the same NaN)."""
+    import torch
+
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.numel() == 0:
+        return True
+    a8 = a.detach().contiguous().reshape(-1).view(torch.uint8)
+    b8 = b.detach().contiguous().reshape(-1).view(torch.uint8)
+    return bool(torch.equal(a8, b8))
+
+
+# --- timing -------------------------------------------------------------------------------------
+
+
+class Clock:
+    """Timer and synchronisation functions captured once, before any untrusted code is imported."""
+
+    def __init__(self, device: str) -> None:
+        import torch
+
+        self.cuda = device == "cuda"
+        self.perf = _PERF
+        self.sync: Callable[[], None] = lambda: None
+        self.flush_buffer: Any = None
+        if self.cuda:
+            raw_sync = getattr(torch._C, "_cuda_synchronize", None)
+            self.sync = raw_sync if raw_sync is not None else torch.cuda.synchronize
+            self.event_cls = torch.cuda.Event
+            self.record = torch.cuda.Event.record
+            self.elapsed = torch.cuda.Event.elapsed_time
+            self.zero = torch.Tensor.zero_
+            # Larger than any L2 (H200: 50 MB); writing it evicts the previous iteration's data.
+            self.flush_buffer = torch.empty(64 << 20, dtype=torch.float32, device="cuda")
+
+    def flush(self) -> None:
+        if self.flush_buffer is not None:
+            self.zero(self.flush_buffer)
+
+    def time_calls(
+        self,
+        fn: Callable[[int], Any],
+        count: int,
+        *,
+        after: Callable[[int, Any], None] | None = None,
+    ) -> tuple[list[float], list[float]]:
+        """Runs fn(i) `count` times; returns (device-clock ms, wall-clock ms) per call.
+
+        Each call: flush L2, synchronise the whole device, start both clocks, call, record the end
+        event, synchronise the whole device again (so side-stream work is inside the window), stop.
+        """
+        events: list[tuple[Any, Any]] = []
+        if self.cuda:
+            events = [
+                (self.event_cls(enable_timing=True), self.event_cls(enable_timing=True)) for _ in range(count)
+            ]
+        device_ms: list[float] = []
+        wall_ms: list[float] = []
+        perf, sync = self.perf, self.sync
+        for i in range(count):
+            self.flush()
+            sync()
+            if self.cuda:
+                start_ev, end_ev = events[i]
+                self.record(start_ev)
+                t0 = perf()
+                out = fn(i)
+                self.record(end_ev)
+                sync()
+                t1 = perf()
+                device_ms.append(float(self.elapsed(start_ev, end_ev)))
+            else:
+                t0 = perf()
+                out = fn(i)
+                t1 = perf()
+                device_ms.append((t1 - t0) * 1e3)
+            wall_ms.append((t1 - t0) * 1e3)
+            if after is not None:
+                after(i, out)
+            del out
+        return device_ms, wall_ms
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"median": 0.0, "p10": 0.0, "p90": 0.0, "n": 0}
+    ordered = sorted(values)
+    n = len(ordered)
+
+    def pick(q: float) -> float:
+        return ordered[min(n - 1, max(0, round(q * (n - 1))))]
+
+    mid = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+    return {"median": mid, "p10": pick(0.1), "p90": pick(0.9), "n": n, "min": ordered[0]}
+
+
+def environment(device: str) -> dict[str, Any]:
+    import platform
+
+    import torch
+
+    info: dict[str, Any] = {
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda or "",
+        "python_version": platform.python_version(),
+        "device_name": platform.processor() or platform.machine(),
+        "driver": "",
+        "threads": torch.get_num_threads(),
+    }
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    info["device_name"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    if device == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(0)
+        try:
+            with open("/proc/driver/nvidia/version") as fh:
+                info["driver"] = fh.readline().strip()[:200]
+        except OSError:
+            pass
+    return info
+
+
+def now() -> float:
+    return _PERF()

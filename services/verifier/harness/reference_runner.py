@@ -1,0 +1,417 @@
+"""Runs the pristine reference in its own sandboxed process (stdlib + torch only).
+
+It makes every input set from the seeds the parent sends (secret to the candidate), computes float32 and
+float64 ground truth, times eager and torch.compile on the same rotating inputs, measures device ceilings
+when asked, and sends everything back over the private channel. It never sees candidate code.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import math
+import os
+import sys
+import traceback
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common  # noqa: E402
+import wire  # noqa: E402
+
+
+class StageError(Exception):
+    def __init__(self, stage: str, exc: BaseException) -> None:
+        super().__init__(f"{stage}: {exc}")
+        self.stage = stage
+        self.exc = exc
+
+
+def main() -> None:
+    _args, job_file, out = common.start("StitchCUDA reference runner")
+    header, payload = common.read_job(job_file)
+    device = header["device"]
+    work = header["work_dir"]
+    ref_path = os.path.join(work, "reference.py")
+    with open(ref_path, "w") as fh:
+        fh.write(payload.decode())
+
+    import torch
+
+    if header.get("threads"):
+        torch.set_num_threads(int(header["threads"]))
+    send = lambda h, p=b"": wire.write_frame(out, h, p)  # noqa: E731
+    if device == "cuda" and not torch.cuda.is_available():
+        send({"kind": "error", "stage": "device", "message": "torch.cuda.is_available() is False in the sandbox"})
+        common.exit_now(out, 4)
+    send({"kind": "info", **common.environment(device)})
+    try:
+        run(header, ref_path, device, send)
+    except StageError as err:
+        line, code = common.where_in(err.exc, ref_path)
+        send(
+            {
+                "kind": "error",
+                "stage": err.stage,
+                "message": common.error_line(err.exc),
+                "line": line,
+                "code": code,
+                "traceback": "".join(traceback.format_exception(err.exc))[-4000:],
+            }
+        )
+        common.exit_now(out, 3)
+    send({"kind": "done", "nonce": header["nonce"]})
+    common.exit_now(out, 0)
+
+
+def seed_all(seed: int) -> None:
+    import torch
+
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def load_module(path: str) -> Any:
+    spec = importlib.util.spec_from_file_location("reference", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["reference"] = module
+    spec.loader.exec_module(module)
+    for name in ("Model", "get_inputs", "get_init_inputs"):
+        if not hasattr(module, name):
+            raise AttributeError(f"the reference does not define {name}")
+    return module
+
+
+def rel_l2(a: Any, b: Any) -> float:
+    import torch
+
+    a64, b64 = a.detach().double(), b.detach().double()
+    finite = torch.isfinite(a64) & torch.isfinite(b64)
+    if not bool(finite.any()):
+        return 0.0
+    diff = torch.linalg.vector_norm((a64 - b64)[finite])
+    base = torch.linalg.vector_norm(b64[finite])
+    return float(diff / base) if float(base) > 0 else float(diff)
+
+
+def make_inputs(module: Any, spec: dict[str, Any], base: dict[str, list[Any]]) -> list[Any]:
+    """One input set: plain seeded get_inputs(), or a probe derived from it."""
+    import torch
+
+    kind = spec["kind"]
+    if kind in ("perturb",) and spec.get("base") in base:
+        items = [x.clone() if isinstance(x, torch.Tensor) else x for x in base[spec["base"]]]
+    else:
+        seed_all(spec["seed"])
+        items = list(module.get_inputs())
+        items = [x.detach().cpu().contiguous() if isinstance(x, torch.Tensor) else x for x in items]
+    gen = torch.Generator().manual_seed(spec["seed"] & 0x7FFF_FFFF_FFFF_FFFF)
+    out: list[Any] = []
+    for x in items:
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 0):
+            out.append(x)
+            continue
+        if kind == "shift":
+            x = x * 3.0 + 0.5
+        elif kind == "uniform":
+            x = (torch.rand(x.shape, generator=gen, dtype=torch.float32) * 4.0 - 2.0).to(x.dtype)
+        elif kind == "perturb":
+            flat = x.reshape(-1)
+            n = flat.numel()
+            i = int(torch.randint(0, n, (1,), generator=gen))
+            flat[i] = flat[i] * -2.0 + 3.0
+            seg = max(1, n // 64)
+            j = int(torch.randint(0, max(1, n - seg), (1,), generator=gen))
+            flat[j : j + seg] = flat[j : j + seg] * 1.5 - 0.25
+            x = flat.reshape(x.shape)
+        out.append(x.contiguous())
+    return out
+
+
+def forward(model: Any, items: list[Any], device: str) -> list[Any]:
+    import torch
+
+    with torch.no_grad():
+        result = model(*common.to_device(items, device))
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return common.to_cpu(common.flatten(result))
+
+
+def forward64(model64: Any, items: list[Any], device: str) -> list[Any]:
+    import torch
+
+    items64 = [
+        x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+        for x in common.to_device(items, device)
+    ]
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with torch.no_grad():
+            result = model64(*items64)
+    finally:
+        torch.set_default_dtype(old)
+    return common.to_cpu(common.flatten(result))
+
+
+def scaled_globals(module: Any) -> dict[str, int]:
+    """Module-level integer dims that get_inputs reads, scaled x1.25+3 (odd, unseen shapes: D4)."""
+    names = set(module.get_inputs.__code__.co_names)
+    changed = {}
+    for name in names:
+        value = getattr(module, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 2:
+            changed[name] = int(value * 1.25) + 3
+    return changed
+
+
+def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
+    import torch
+
+    try:
+        module = load_module(ref_path)
+    except BaseException as exc:
+        raise StageError("import", exc) from exc
+    try:
+        init_inputs = list(module.get_init_inputs())
+        seed_all(header["init_seed"])
+        model = module.Model(*init_inputs).to(device)
+    except BaseException as exc:
+        raise StageError("init", exc) from exc
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    try:
+        model64: Any = copy.deepcopy(model).double()
+    except Exception:
+        model64 = None
+    try:
+        blob = wire.dumps({"init_inputs": init_inputs, "state": state})
+        wire.loads(blob)
+    except Exception as exc:
+        raise StageError("init-inputs", ValueError(f"init inputs or parameters cannot be sent: {exc}")) from exc
+    param_bytes = sum(v.numel() * v.element_size() for v in state.values())
+    send({"kind": "problem", "param_bytes": param_bytes}, blob)
+
+    made: dict[str, list[Any]] = {}
+    first_out: list[Any] | None = None
+    for spec in header["sets"]:
+        name = spec["name"]
+        essential = spec["kind"] == "plain"
+        try:
+            items = make_inputs(module, spec, made)
+        except BaseException as exc:
+            if essential:
+                raise StageError("get_inputs", exc) from exc
+            send({"kind": "set", "name": name, "skipped": f"cannot make inputs: {common.error_line(exc)}"})
+            continue
+        made[name] = items
+        try:
+            ref32 = forward(model, items, device)
+        except BaseException as exc:
+            if essential:
+                raise StageError("forward", exc) from exc
+            send({"kind": "set", "name": name, "skipped": f"reference fails: {common.error_line(exc)}"})
+            continue
+        if first_out is None:
+            first_out = ref32
+            again = forward(model, items, device)
+            worst = max(
+                (rel_l2(a, b) for a, b in zip(again, ref32, strict=True) if isinstance(a, torch.Tensor)),
+                default=0.0,
+            )
+            if not worst <= 1e-5:
+                raise StageError(
+                    "determinism",
+                    RuntimeError(f"the reference gives different outputs for the same inputs (rel {worst:.2e})"),
+                )
+        ref64, note = None, ""
+        if model64 is not None:
+            try:
+                ref64 = forward64(model64, items, device)
+            except Exception as exc:
+                note = f"float64 evaluation failed: {common.error_line(exc, 200)}"
+        errors = []
+        if ref64 is not None:
+            errors = [
+                rel_l2(a, b) if isinstance(a, torch.Tensor) and a.is_floating_point() else 0.0
+                for a, b in zip(ref32, ref64, strict=True)
+            ]
+        send(
+            {"kind": "set", "name": name, "err_ref32": errors, "note": note},
+            wire.dumps({"inputs": items, "ref32": ref32, "ref64": ref64}),
+        )
+
+    offshape = header.get("offshape")
+    if offshape:
+        reference_offshape(module, model, init_inputs, offshape, header, device, send)
+
+    pool = [common.to_device(made[n], device) for n in header["pool"] if n in made]
+    send({"kind": "cost", **cost(model, made[header["sets"][0]["name"]], first_out or [], param_bytes, device)})
+    clock = common.Clock(device)
+    timing: dict[str, Any] = {"kind": "timing"}
+    timing["eager"] = time_model(model, pool, header, clock)
+    if header.get("compile"):
+        try:
+            compiled = torch.compile(model)
+            t0 = common.now()
+            with torch.no_grad():
+                compiled(*pool[0])
+            clock.sync()
+            timing["compile_seconds"] = common.now() - t0
+            timing["compile"] = time_model(compiled, pool, header, clock)
+        except Exception as exc:
+            timing["compile_error"] = common.error_line(exc, 300)
+    send(timing)
+    if header.get("measure_ceilings"):
+        send({"kind": "ceilings", **measure_ceilings(device, header["measure_ceilings"], clock)})
+
+
+def reference_offshape(
+    module: Any,
+    model: Any,
+    init_inputs: list[Any],
+    spec: dict[str, Any],
+    header: dict[str, Any],
+    device: str,
+    send: Any,
+) -> None:
+    import torch
+
+    changed = scaled_globals(module)
+    if not changed:
+        send({"kind": "set", "name": spec["name"], "skipped": "no module-level dims to scale"})
+        return
+    old = {k: getattr(module, k) for k in changed}
+    try:
+        for k, v in changed.items():
+            setattr(module, k, v)
+        new_init = list(module.get_init_inputs())
+        init_changed = new_init != init_inputs
+        model2 = model
+        if init_changed:
+            seed_all(header["init_seed"])
+            model2 = module.Model(*new_init).to(device)
+        items = make_inputs(module, {"kind": "plain", "seed": spec["seed"], "name": spec["name"]}, {})
+        ref32 = forward(model2, items, device)
+        ref64 = None
+        try:
+            ref64 = forward64(copy.deepcopy(model2).double(), items, device)
+        except Exception:
+            ref64 = None
+        errors = []
+        if ref64 is not None:
+            errors = [
+                rel_l2(a, b) if isinstance(a, torch.Tensor) and a.is_floating_point() else 0.0
+                for a, b in zip(ref32, ref64, strict=True)
+            ]
+        send(
+            {
+                "kind": "set",
+                "name": spec["name"],
+                "err_ref32": errors,
+                "dims": changed,
+                "init_changed": init_changed,
+            },
+            wire.dumps({"inputs": items, "ref32": ref32, "ref64": ref64, "init_inputs": new_init}),
+        )
+    except Exception as exc:
+        send({"kind": "set", "name": spec["name"], "skipped": f"reference fails off-shape: {common.error_line(exc)}"})
+    finally:
+        for k, v in old.items():
+            setattr(module, k, v)
+
+
+def time_model(model: Any, pool: list[list[Any]], header: dict[str, Any], clock: common.Clock) -> dict[str, Any]:
+    import torch
+
+    with torch.no_grad():
+        for i in range(int(header["warmup"])):
+            model(*pool[i % len(pool)])
+        device_ms, wall_ms = clock.time_calls(lambda i: model(*pool[i % len(pool)]), int(header["iterations"]))
+    return {"device": common.stats(device_ms), "wall": common.stats(wall_ms)}
+
+
+def cost(model: Any, items: list[Any], outs: list[Any], param_bytes: int, device: str) -> dict[str, Any]:
+    """FLOPs (torch's flop counter) and the minimum bytes any implementation must move."""
+    import torch
+
+    flops = 0.0
+    note = ""
+    xs = common.to_device(items, device)
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            model(*xs)
+        flops = float(counter.get_total_flops())
+    except Exception as exc:
+        note = f"flop counter failed: {common.error_line(exc, 200)}"
+    nbytes = param_bytes
+    for t in list(items) + list(outs):
+        if isinstance(t, torch.Tensor):
+            nbytes += t.numel() * t.element_size()
+    peak = 0
+    if device == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.no_grad():
+            model(*xs)
+        torch.cuda.synchronize()
+        peak = max(0, torch.cuda.max_memory_allocated() - before)
+    dtype = next((str(t.dtype) for t in items if isinstance(t, torch.Tensor) and t.is_floating_point()), "")
+    return {"flops": flops, "bytes": float(nbytes), "forward_peak": peak, "dtype": dtype, "note": note}
+
+
+def measure_ceilings(device: str, dtypes: list[str], clock: common.Clock) -> dict[str, Any]:
+    """Best copy bandwidth and matmul rate on this device (the physics floor's denominators)."""
+    import torch
+
+    def best(fn: Any, reps: int) -> float:
+        fn()
+        clock.sync()
+        times = []
+        for _ in range(reps):
+            t0 = common.now()
+            fn()
+            clock.sync()
+            times.append(common.now() - t0)
+        return min(times)
+
+    sizes = [1 << 18, 1 << 22, 1 << 26] if device == "cpu" else [1 << 24, 1 << 28, 1 << 30]
+    copy_gbs = []
+    for n in sizes:
+        a = torch.ones(n // 4, device=device)
+        b = torch.empty_like(a)
+        seconds = best(lambda a=a, b=b: b.copy_(a), 5 if n < (1 << 26) else 3)
+        copy_gbs.append(2 * n / seconds / 1e9)
+        del a, b
+    rates: dict[str, float] = {}
+    dims = [256, 512, 1024] if device == "cpu" else [2048, 4096, 8192]
+    for name in dtypes:
+        dtype = getattr(torch, name.replace("torch.", ""), None)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            continue
+        if device == "cpu" and dtype in (torch.float16, torch.bfloat16):
+            continue
+        top = 0.0
+        for n in dims:
+            a = torch.randn(n, n, device=device).to(dtype)
+            b = torch.randn(n, n, device=device).to(dtype)
+            seconds = best(lambda a=a, b=b: a @ b, 3)
+            top = max(top, 2 * n**3 / seconds / 1e12)
+        rates[str(dtype).replace("torch.", "")] = top
+    return {
+        "peak_copy_gbs": max(copy_gbs),
+        "dram_copy_gbs": copy_gbs[-1],
+        "matmul_tflops": rates,
+        "finite": all(math.isfinite(x) for x in copy_gbs),
+    }
+
+
+if __name__ == "__main__":
+    main()

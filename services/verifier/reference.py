@@ -1,0 +1,218 @@
+"""Runs the reference runner and turns its frames into ground truth, baselines and problem facts.
+
+A broken reference (does not import, fails on its own inputs, is nondeterministic) raises ProblemError
+naming the failing line; everything else about the reference is data for the candidate's verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stitchcuda.shared.artifacts import sha256_hex
+from stitchcuda.shared.errors import ProblemError, Unavailable
+from stitchcuda.verifier.ceilings import Ceilings, CeilingStore
+from stitchcuda.verifier.harness import wire
+from stitchcuda.verifier.probes import Plan
+from stitchcuda.verifier.sandbox import Mount, RunSpec, Sandbox
+from stitchcuda.verifier.settings import VerifierSettings
+
+log = logging.getLogger("stitchcuda.verifier.reference")
+
+
+@dataclass
+class SetData:
+    inputs: list[Any]
+    ref32: list[Any]
+    ref64: list[Any] | None
+    err_ref32: list[float]
+    note: str = ""
+
+
+@dataclass
+class ReferenceResult:
+    sha256: str
+    device: str
+    plan: Plan
+    info: dict[str, Any]
+    init_inputs: list[Any]
+    state: dict[str, Any]
+    param_bytes: int
+    sets: dict[str, SetData]
+    skipped: dict[str, str]
+    offshape: dict[str, Any]
+    timing: dict[str, Any]
+    cost: dict[str, Any]
+    ceilings: Ceilings | None
+    sandbox: str
+    seconds: float
+    created: float = field(default_factory=time.monotonic)
+    uses: int = 0
+
+    @property
+    def eager_ms(self) -> float:
+        return float(self.timing.get("eager", {}).get("device", {}).get("median", 0.0))
+
+    @property
+    def compile_ms(self) -> float:
+        return float(self.timing.get("compile", {}).get("device", {}).get("median", 0.0))
+
+    @property
+    def compile_available(self) -> bool:
+        return "compile" in self.timing
+
+
+class ReferenceRunner:
+    def __init__(self, settings: VerifierSettings, sandbox: Sandbox) -> None:
+        self.settings = settings
+        self.sandbox = sandbox
+        self.ceilings = CeilingStore(settings.state_root())
+        self.baselines = settings.state_root() / "baselines"
+
+    def _baseline_path(self, sha: str, device: str) -> Path:
+        return self.baselines / f"{sha[:32]}-{device}.json"
+
+    def run(self, source: str, device: str, plan: Plan, *, compile_baseline: bool) -> ReferenceResult:
+        sha = sha256_hex(source)
+        cached_compile = self._cached_compile(sha, device) if compile_baseline else None
+        want_ceilings = self.ceilings.get(device) is None
+        run_root = Path(tempfile.mkdtemp(prefix="ref-", dir=self._run_root()))
+        try:
+            work = run_root / "work"
+            work.mkdir()
+            mounts = {"work": Mount(work, writable=True)}
+            inside = self.sandbox.paths(mounts)
+            nonce = os.urandom(8).hex()
+            header = {
+                "nonce": nonce,
+                "device": device,
+                "work_dir": inside["work"],
+                "init_seed": plan.init_seed,
+                "sets": [s for s in plan.sets if s["name"] != plan.offshape],
+                "offshape": next(({"name": s["name"], "seed": s["seed"]} for s in plan.sets if s["name"] == plan.offshape), None),
+                "pool": plan.pool,
+                "warmup": plan.warmup,
+                "iterations": plan.iterations,
+                "compile": compile_baseline and cached_compile is None,
+                "measure_ceilings": (["float32", "float16", "bfloat16"] if device == "cuda" else ["float32"])
+                if want_ceilings
+                else [],
+                "threads": self.settings.runner_threads or None,
+            }
+            extra_env = {k: v for k, v in os.environ.items() if k == "STITCHCUDA_SIZE"}
+            spec = RunSpec(
+                script="reference_runner.py",
+                header=header,
+                payload=source.encode(),
+                mounts=mounts,
+                device=device,
+                timeout_s=self.settings.reference_timeout_s,
+                memory_bytes=self._memory(device),
+                label="reference",
+                extra_env=extra_env,
+            )
+            outcome = self.sandbox.run(spec)
+            result = self._parse(outcome, sha, device, plan, nonce)
+        finally:
+            shutil.rmtree(run_root, ignore_errors=True)
+        if compile_baseline:
+            if cached_compile is not None:
+                result.timing.update(cached_compile)
+            else:
+                self._store_compile(sha, device, result.timing)
+        return result
+
+    def _memory(self, device: str) -> int:
+        gb = self.settings.memory_limit_gb if device == "cpu" else max(self.settings.memory_limit_gb, 64.0)
+        return int(gb * (1 << 30))
+
+    def _run_root(self) -> Path:
+        root = self.settings.run_dir or Path(tempfile.gettempdir()) / f"stitchcuda-verify-{os.getuid()}"
+        root.mkdir(parents=True, exist_ok=True)
+        os.chmod(root, 0o711)
+        return root
+
+    def _cached_compile(self, sha: str, device: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self._baseline_path(sha, device).read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _store_compile(self, sha: str, device: str, timing: dict[str, Any]) -> None:
+        keep = {k: timing[k] for k in ("compile", "compile_error", "compile_seconds") if k in timing}
+        if not keep:
+            return
+        path = self._baseline_path(sha, device)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(keep))
+        os.replace(tmp, path)
+
+    def _parse(self, outcome: Any, sha: str, device: str, plan: Plan, nonce: str) -> ReferenceResult:
+        error = outcome.first("error")
+        if error is not None:
+            head = error[0]
+            if head.get("stage") == "device":
+                raise Unavailable(f"the reference process cannot use {device}: {head.get('message')}")
+            where = f"line {head['line']}: {head['code']}: " if head.get("line") else ""
+            raise ProblemError(
+                f"the reference fails ({head.get('stage')}): {where}{head.get('message')}",
+                detail=str(head.get("traceback", ""))[-2000:],
+            )
+        if not outcome.completed(nonce):
+            raise ProblemError(f"the reference run {outcome.crash_reason()}", detail=outcome.log_tail[-2000:])
+        info = outcome.first("info")[0]
+        problem_head, problem_blob = outcome.first("problem")
+        problem = wire.loads(problem_blob)
+        sets: dict[str, SetData] = {}
+        skipped: dict[str, str] = {}
+        offshape: dict[str, Any] = {}
+        for head, blob in outcome.all("set"):
+            if head.get("skipped"):
+                skipped[head["name"]] = head["skipped"]
+                continue
+            data = wire.loads(blob)
+            sets[head["name"]] = SetData(
+                inputs=data["inputs"],
+                ref32=data["ref32"],
+                ref64=data["ref64"],
+                err_ref32=list(head.get("err_ref32") or []),
+                note=head.get("note", ""),
+            )
+            if head["name"] == plan.offshape:
+                offshape = {
+                    "dims": head.get("dims", {}),
+                    "init_changed": bool(head.get("init_changed")),
+                    "init_inputs": data.get("init_inputs", problem["init_inputs"]),
+                }
+        timing = dict(outcome.first("timing")[0])
+        cost = dict(outcome.first("cost")[0])
+        ceilings = self.ceilings.get(device)
+        measured = outcome.first("ceilings")
+        if measured is not None and measured[0].get("finite"):
+            ceilings = self.ceilings.put(device, measured[0], str(info.get("device_name", "")))
+        return ReferenceResult(
+            sha256=sha,
+            device=device,
+            plan=plan,
+            info=info,
+            init_inputs=problem["init_inputs"],
+            state=problem["state"],
+            param_bytes=int(problem_head.get("param_bytes", 0)),
+            sets=sets,
+            skipped=skipped,
+            offshape=offshape,
+            timing=timing,
+            cost=cost,
+            ceilings=ceilings,
+            sandbox=outcome.sandbox,
+            seconds=outcome.seconds,
+        )

@@ -1,0 +1,208 @@
+"""Runs the candidate runner on a prepared reference and collects its frames into a CandidateRun."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stitchcuda.api.v1 import code_pb2
+from stitchcuda.shared.candidate import ENTRY
+from stitchcuda.verifier.harness import wire
+from stitchcuda.verifier.reference import ReferenceResult
+from stitchcuda.verifier.sandbox import Mount, Outcome, RunSpec, Sandbox
+from stitchcuda.verifier.settings import VerifierSettings
+
+
+@dataclass
+class Recorded:
+    name: str
+    set_name: str
+    outputs: list[Any] | None
+    custom_calls: int | None = None
+    error: str = ""
+
+
+@dataclass
+class CandidateRun:
+    outcome: Outcome
+    completed: bool
+    token: str
+    outputs: dict[str, Recorded] = field(default_factory=dict)
+    timing: dict[str, Any] = field(default_factory=dict)
+    profile: dict[str, Any] = field(default_factory=dict)
+    findings: list[dict[str, str]] = field(default_factory=list)
+    fault: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
+    bad_record: str = ""
+
+
+class CandidateRunner:
+    def __init__(self, settings: VerifierSettings, sandbox: Sandbox) -> None:
+        self.settings = settings
+        self.sandbox = sandbox
+
+    def run(
+        self,
+        candidate: code_pb2.Candidate,
+        ext_dir: Path,
+        ref: ReferenceResult,
+        *,
+        timeout_s: float,
+    ) -> CandidateRun:
+        plan = ref.plan
+        root = Path(tempfile.mkdtemp(prefix="cand-", dir=self._run_root()))
+        try:
+            cand, ext, work = root / "cand", root / "ext", root / "work"
+            for d in (cand, ext, work):
+                d.mkdir()
+            entry = candidate.entry or ENTRY
+            for f in candidate.files:
+                if f.path.endswith(".py") or f.path == entry:
+                    path = cand / f.path
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(f.content)
+            for so in ext_dir.glob("*.so"):
+                shutil.copy2(so, ext / so.name)
+            for path in [root, cand, ext, *cand.rglob("*"), *ext.rglob("*")]:
+                path.chmod(0o755 if path.is_dir() else 0o644)
+            mounts = {"cand": Mount(cand), "ext": Mount(ext), "work": Mount(work, writable=True)}
+            inside = self.sandbox.paths(mounts)
+            nonce = os.urandom(8).hex()
+            token = "sc" + secrets.token_hex(6)
+            names = set(plan.checked) | set(plan.pool) | {plan.late, plan.profile}
+            needed = {n: ref.sets[n].inputs for n in names if n in ref.sets}
+            steps = usable_steps(plan.steps, set(ref.sets))
+            offshape = None
+            if plan.offshape and plan.offshape in ref.sets:
+                needed[plan.offshape] = ref.sets[plan.offshape].inputs
+                offshape = {"set": plan.offshape, "init_changed": ref.offshape.get("init_changed", False)}
+            first = ref.sets[plan.pool[0]].ref32 if plan.pool[0] in ref.sets else []
+            poison = [[list(t.shape), str(t.dtype)] for t in first if isinstance(t, torch.Tensor)]
+            memory = None
+            if ref.device == "cuda":
+                allowed, held = memory_budget(ref)
+                memory = {"allowed_extra": int(allowed + held)}
+            header = {
+                "nonce": nonce,
+                "device": ref.device,
+                "ext_name": candidate.build.extension_name,
+                "entry": entry,
+                "cand_dir": inside["cand"],
+                "ext_dir": inside["ext"],
+                "work_dir": inside["work"],
+                "init_seed": plan.init_seed,
+                "span_token": token,
+                "steps": steps,
+                "pool": [p for p in plan.pool if p in ref.sets],
+                "warmup": plan.warmup,
+                "iterations": plan.iterations,
+                "late": plan.late if plan.late in ref.sets else "",
+                "profile_set": plan.profile,
+                "offshape": offshape,
+                "poison_shapes": poison,
+                "memory": memory,
+                "threads": self.settings.runner_threads or None,
+            }
+            payload = wire.dumps(
+                {
+                    "init_inputs": ref.init_inputs,
+                    "state": ref.state,
+                    "sets": needed,
+                    "offshape_init": ref.offshape.get("init_inputs", ref.init_inputs),
+                }
+            )
+            gb = self.settings.memory_limit_gb if ref.device == "cpu" else max(self.settings.memory_limit_gb, 64.0)
+            spec = RunSpec(
+                script="candidate_runner.py",
+                header=header,
+                payload=payload,
+                mounts=mounts,
+                device=ref.device,
+                timeout_s=timeout_s,
+                memory_bytes=int(gb * (1 << 30)),
+                label="candidate",
+            )
+            outcome = self.sandbox.run(spec)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return _collect(outcome, nonce, token)
+
+    def _run_root(self) -> Path:
+        root = self.settings.run_dir or Path(tempfile.gettempdir()) / f"stitchcuda-verify-{os.getuid()}"
+        root.mkdir(parents=True, exist_ok=True)
+        os.chmod(root, 0o711)
+        return root
+
+
+def _nbytes(items: list[Any] | None) -> int:
+    return sum(t.numel() * t.element_size() for t in items or [] if isinstance(t, torch.Tensor))
+
+
+def memory_budget(ref: ReferenceResult) -> tuple[float, float]:
+    """(device memory the candidate may use beyond the runner's own, memory the runner itself holds).
+
+    The candidate gets max(3x, +1 GiB) of the reference's peak (parameters plus one forward); the
+    runner holds every input set on the device plus a few outputs alive on purpose (D5 aliasing).
+    """
+    base = float(ref.cost.get("forward_peak", 0)) + ref.param_bytes
+    allowed = max(3 * base, base + (1 << 30))
+    first = next(iter(ref.sets.values()), None)
+    out_bytes = _nbytes(first.ref32) if first else 0
+    held = sum(_nbytes(s.inputs) for s in ref.sets.values()) + 12 * out_bytes + (256 << 20)
+    return allowed, held
+
+
+def usable_steps(steps: list[list[Any]], available: set[str]) -> list[list[Any]]:
+    """Drops steps whose input set the reference could not make, and calls on slots left stale by them."""
+    holding: dict[str, str] = {}
+    out = []
+    for step in steps:
+        op, slot = step[0], step[1]
+        if op in ("new", "refill"):
+            if step[2] not in available:
+                holding[slot] = ""
+                continue
+            holding[slot] = step[2]
+        elif op == "call" and holding.get(slot) != step[3]:
+            continue
+        out.append(step)
+    return out
+
+
+def _collect(outcome: Outcome, nonce: str, token: str) -> CandidateRun:
+    run = CandidateRun(outcome=outcome, completed=outcome.completed(nonce), token=token)
+    for head, blob in outcome.frames:
+        kind = head.get("kind")
+        try:
+            if kind == "output":
+                outputs = wire.loads(blob) if blob else None
+                if outputs is not None and not isinstance(outputs, list):
+                    raise ValueError("outputs are not a list")
+                run.outputs[str(head.get("name"))] = Recorded(
+                    name=str(head.get("name")),
+                    set_name=str(head.get("set")),
+                    outputs=outputs,
+                    custom_calls=head.get("custom_calls"),
+                    error=str(head.get("error", "")),
+                )
+            elif kind == "timing":
+                run.timing = head
+            elif kind == "profile":
+                run.profile = head
+            elif kind == "findings":
+                run.findings = [dict(f) for f in head.get("items", []) if isinstance(f, dict)]
+            elif kind == "fault":
+                run.fault = head
+            elif kind == "memory":
+                run.memory = head
+        except Exception as exc:  # a malformed record is the candidate's fault, never the parent's crash
+            run.bad_record = f"malformed {kind} record: {exc}"
+            run.completed = False
+    return run

@@ -1,0 +1,498 @@
+"""Runs a harness script in a fresh, sandboxed subprocess and collects its private-channel frames (D1/D9/D10).
+
+bubblewrap gives an empty network namespace, a private PID namespace, read-only system binds and a
+private writable work dir; without it the run falls back (loudly) to a plain subprocess. Either way:
+a stripped environment, rlimits (CPU, address space on CPU runs, processes, file size), a separate
+uid when the Verifier runs as root, a wall-clock timeout, an RSS watchdog, and the whole process
+tree killed at the end. Results come only from the frames on a pipe the parent owns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import resource
+import secrets
+import shutil
+import signal
+import site
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stitchcuda.verifier.harness import wire
+from stitchcuda.verifier.settings import VerifierSettings
+
+log = logging.getLogger("stitchcuda.verifier.sandbox")
+
+HARNESS_DIR = Path(__file__).resolve().parent / "harness"
+INSIDE = "/sandbox"
+
+ENV_ALLOW = {
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "LD_LIBRARY_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "CUDA_MODULE_LOADING",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+}
+ENV_DENY = re.compile(
+    r"^(STITCH_|AWS_|GITHUB_|HF_|OPENAI|ANTHROPIC|MINIO|S3_|REDIS|CELERY|GOOGLE_|AZURE_)"
+    r"|KEY|TOKEN|SECRET|PASSW|CREDENTIAL|COOKIE|SESSION|AUTH",
+    re.IGNORECASE,
+)
+
+
+def clean_env(env: dict[str, str]) -> dict[str, str]:
+    """Keeps only allowlisted variables, and drops anything that looks like a secret even then."""
+    return {k: v for k, v in env.items() if k in ENV_ALLOW and not ENV_DENY.search(k)}
+
+
+@dataclass
+class Mount:
+    host: Path
+    writable: bool = False
+
+
+@dataclass
+class RunSpec:
+    script: str
+    header: dict[str, Any]
+    payload: bytes
+    mounts: dict[str, Mount]
+    device: str
+    timeout_s: float
+    memory_bytes: int
+    label: str
+    extra_env: dict[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+
+
+@dataclass
+class Outcome:
+    frames: list[tuple[dict[str, Any], bytes]]
+    returncode: int | None
+    timed_out: bool
+    memory_exceeded: bool
+    wire_error: str
+    log_tail: str
+    seconds: float
+    sandbox: str
+
+    def all(self, kind: str) -> list[tuple[dict[str, Any], bytes]]:
+        return [(h, p) for h, p in self.frames if h.get("kind") == kind]
+
+    def first(self, kind: str) -> tuple[dict[str, Any], bytes] | None:
+        found = self.all(kind)
+        return found[0] if found else None
+
+    def completed(self, nonce: str) -> bool:
+        done = self.first("done")
+        return done is not None and done[0].get("nonce") == nonce and self.returncode == 0
+
+    def crash_reason(self) -> str:
+        """One line for a run that ended without a completion record."""
+        if self.timed_out:
+            return f"timed out after {self.seconds:.0f} s (hang or infinite loop); the process tree was killed"
+        if self.memory_exceeded:
+            return "exceeded the memory limit; the process tree was killed"
+        if self.wire_error:
+            return f"corrupted the result channel ({self.wire_error})"
+        code = self.returncode
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            hint = {"SIGSEGV": " (segmentation fault)", "SIGKILL": " (killed: out of memory?)", "SIGXCPU": " (CPU limit)"}
+            return f"crashed with {name}{hint.get(name, '')}"
+        if code == 0:
+            return "exited without a completion record"
+        last = _last_error_line(self.log_tail)
+        return f"exited with code {code}" + (f": {last}" if last else "")
+
+
+def _last_error_line(text: str) -> str:
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if re.match(r"^[A-Za-z_.]*(Error|Exception|Killed|error)\b", line) or "Error:" in line:
+            return line[:300]
+    return ""
+
+
+_BWRAP_OK: dict[str, bool] = {}
+
+
+def bwrap_usable() -> bool:
+    """bwrap exists and can create its namespaces here (containers sometimes forbid it)."""
+    exe = shutil.which("bwrap")
+    if not exe:
+        return False
+    if exe not in _BWRAP_OK:
+        cmd = [exe, "--unshare-net", "--unshare-pid", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc"]
+        try:
+            res = subprocess.run([*cmd, "true"], capture_output=True, timeout=20, check=False)
+            _BWRAP_OK[exe] = res.returncode == 0
+            if res.returncode != 0:
+                log.warning("bwrap is installed but cannot run here: %s", res.stderr.decode(errors="replace")[:300])
+        except (OSError, subprocess.TimeoutExpired):
+            _BWRAP_OK[exe] = False
+    return _BWRAP_OK[exe]
+
+
+def _world_traversable(path: Path) -> bool:
+    try:
+        for part in [path, *path.parents]:
+            if not part.stat().st_mode & 0o001:
+                return False
+    except OSError:
+        return False
+    return True
+
+
+class Sandbox:
+    """Launches harness scripts; one instance per Verifier, safe to use from several threads."""
+
+    def __init__(self, settings: VerifierSettings) -> None:
+        self.settings = settings
+        mode = settings.sandbox
+        self.warning = ""
+        if mode == "auto":
+            mode = "bwrap" if bwrap_usable() else "none"
+            if mode == "none":
+                self.warning = (
+                    "bubblewrap (bwrap) is unavailable: candidates run without a network namespace or "
+                    "filesystem isolation (install the Debian package 'bubblewrap')"
+                )
+        elif mode == "bwrap" and not bwrap_usable():
+            raise RuntimeError("STITCH_SANDBOX=bwrap but bwrap is missing or cannot create namespaces here")
+        if mode == "none" and not self.warning:
+            self.warning = "sandbox disabled by settings (STITCH_SANDBOX=none): no network or filesystem isolation"
+        if self.warning:
+            log.warning("%s", self.warning)
+        self.mode = mode
+        self.root = os.geteuid() == 0
+        python_home_open = _world_traversable(Path(sys.base_prefix)) and _world_traversable(Path(sys.prefix))
+        # Without bwrap, a separate uid only works if it can still read the interpreter.
+        self.drop_uid = self.root and (mode == "bwrap" or python_home_open)
+        if mode == "none" and self.root and not self.drop_uid:
+            self.warning += "; the interpreter is not world-readable, so runs keep root and no process limit applies"
+
+    @property
+    def name(self) -> str:
+        return self.mode
+
+    def inside(self, name: str, mounts: dict[str, Mount]) -> str:
+        if self.mode == "bwrap":
+            return f"{INSIDE}/{name}"
+        return str(mounts[name].host)
+
+    def paths(self, mounts: dict[str, Mount]) -> dict[str, str]:
+        return {name: self.inside(name, mounts) for name in mounts}
+
+    # --- launching -------------------------------------------------------------------------------
+
+    def _system_binds(self, device: str) -> list[str]:
+        args: list[str] = []
+        for top in ("/bin", "/lib", "/lib64", "/sbin", "/lib32", "/libx32"):
+            if os.path.islink(top):
+                args += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                args += ["--ro-bind", top, top]
+        for top in ("/usr", "/etc", "/opt"):
+            if os.path.isdir(top):
+                args += ["--ro-bind", top, top]
+        import torch
+
+        extra = {
+            sys.base_prefix,
+            sys.prefix,
+            os.path.dirname(os.path.realpath(sys.executable)),
+            os.path.dirname(os.path.dirname(torch.__file__)),
+            *site.getsitepackages(),
+        }
+        cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+        if cuda_home:
+            extra.add(cuda_home)
+        for path in sorted(extra):
+            real = os.path.realpath(path)
+            if os.path.isdir(real) and not real.startswith(("/usr/", "/etc/", "/opt/")):
+                args += ["--ro-bind", real, real]
+                if real != path:
+                    args += ["--ro-bind", real, path]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        if os.path.isdir("/sys"):
+            args += ["--ro-bind", "/sys", "/sys"]
+        if device == "cuda":
+            for dev in sorted(Path("/dev").glob("nvidia*")):
+                args += ["--dev-bind", str(dev), str(dev)]
+            for path in ("/dev/dri", "/run/nvidia-persistenced"):
+                if os.path.exists(path):
+                    args += ["--dev-bind" if path.startswith("/dev") else "--ro-bind", path, path]
+        return args
+
+    def _command(self, spec: RunSpec, job_fd: int, result_fd: int, uid: int) -> tuple[list[str], str]:
+        harness = self.inside("harness", {"harness": Mount(HARNESS_DIR)}) if self.mode == "bwrap" else str(HARNESS_DIR)
+        runner = [sys.executable, "-I", f"{harness}/{spec.script}", "--job-fd", str(job_fd)]
+        runner += ["--result-fd", str(result_fd), "--uid", str(uid), "--gid", str(uid)]
+        work = self.inside("work", spec.mounts)
+        if self.mode != "bwrap":
+            return runner, work
+        args = ["bwrap", "--die-with-parent", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        args += ["--unshare-cgroup-try", "--hostname", "sandbox"]
+        args += self._system_binds(spec.device)
+        args += ["--ro-bind", str(HARNESS_DIR), f"{INSIDE}/harness"]
+        for name, mount in spec.mounts.items():
+            args += ["--bind" if mount.writable else "--ro-bind", str(mount.host), f"{INSIDE}/{name}"]
+        args += ["--bind", str(spec.mounts["work"].host / "tmp"), "/tmp", "--chdir", work]
+        return _with_parent_dirs(args) + runner, "/"
+
+    def _env(self, spec: RunSpec, token: str) -> dict[str, str]:
+        work = self.inside("work", spec.mounts)
+        env = clean_env(dict(os.environ))
+        bins = [os.path.join(sys.prefix, "bin"), "/usr/local/cuda/bin", "/usr/local/bin", "/usr/bin", "/bin"]
+        env.update(
+            {
+                "PATH": ":".join(bins),
+                "HOME": work,
+                "TMPDIR": f"{work}/tmp" if self.mode != "bwrap" else "/tmp",
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "TORCHINDUCTOR_COMPILE_THREADS": "1",
+                "TORCHINDUCTOR_CACHE_DIR": f"{work}/tmp/inductor",
+                "TRITON_CACHE_DIR": f"{work}/tmp/triton",
+                "CUDA_CACHE_PATH": f"{work}/tmp/nv",
+                "SC_SANDBOX_RUN": token,
+            }
+        )
+        env.update(spec.extra_env)
+        return env
+
+    def run(self, spec: RunSpec) -> Outcome:
+        work = spec.mounts["work"].host
+        (work / "tmp").mkdir(parents=True, exist_ok=True)
+        uid = -1
+        if self.drop_uid:
+            uid = self.settings.sandbox_uid_base + secrets.randbelow(60_000)
+            for path in [work, *work.rglob("*")]:
+                with contextlib.suppress(OSError):
+                    os.chown(path, uid, uid)
+        os.chmod(work, 0o700)
+        token = secrets.token_hex(8)
+        job_r, job_w = os.pipe()
+        res_r, res_w = os.pipe()
+        cmd, cwd = self._command(spec, job_r, res_w, uid)
+        env = self._env(spec, token)
+        limits = self._limits(spec, uid)
+        log_path = spec.log_path or (work.parent / f"{spec.label}.log")
+        started = time.monotonic()
+        with open(log_path, "wb") as log_file:
+            try:
+                proc = subprocess.Popen(  # noqa: S603 - the command is built here, never from input
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(job_r, res_w),
+                    start_new_session=True,
+                    preexec_fn=limits,  # noqa: PLW1509 - rlimits must be set between fork and exec
+                    env=env,
+                    cwd=cwd,
+                    close_fds=True,
+                )
+            finally:
+                os.close(job_r)
+                os.close(res_w)
+            frames: list[tuple[dict[str, Any], bytes]] = []
+            errors: list[str] = []
+            max_payload = int(self.settings.max_payload_gb * (1 << 30))
+            reader = threading.Thread(target=_read, args=(res_r, frames, errors, max_payload), daemon=True)
+            writer = threading.Thread(target=_write, args=(job_w, spec.header, spec.payload), daemon=True)
+            reader.start()
+            writer.start()
+            timed_out, memory_exceeded = self._watch(proc, spec, started)
+            _kill_tree(proc, token)
+            reader.join(timeout=10)
+            if reader.is_alive():
+                _kill_tree(proc, token)
+                reader.join(timeout=5)
+            writer.join(timeout=1)
+        seconds = time.monotonic() - started
+        return Outcome(
+            frames=frames,
+            returncode=proc.returncode,
+            timed_out=timed_out,
+            memory_exceeded=memory_exceeded,
+            wire_error=errors[0] if errors else "",
+            log_tail=_tail(log_path),
+            seconds=seconds,
+            sandbox=self.mode,
+        )
+
+    def _limits(self, spec: RunSpec, uid: int) -> Any:
+        nproc = self.settings.nproc_limit
+        if not self.root:
+            nproc += _task_count(os.getuid())
+        fsize = self.settings.file_size_limit_mb << 20
+        cpu = int(spec.timeout_s * max(1, os.cpu_count() or 1)) + 30
+        address_space = spec.memory_bytes if spec.device == "cpu" else 0
+
+        def apply() -> None:
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 10))
+            if uid >= 0 or not self.root:
+                resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+            if address_space:
+                resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+        return apply
+
+    def _watch(self, proc: subprocess.Popen[bytes], spec: RunSpec, started: float) -> tuple[bool, bool]:
+        rss_limit = spec.memory_bytes
+        next_rss = 0.0
+        while True:
+            try:
+                proc.wait(timeout=0.05)
+                return False, False
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if now - started > spec.timeout_s:
+                return True, False
+            if rss_limit and now >= next_rss:
+                next_rss = now + 0.25
+                if _tree_rss(proc.pid) > rss_limit:
+                    return False, True
+
+
+_BIND_OPTS = {"--bind", "--ro-bind", "--dev-bind", "--symlink", "--bind-try", "--ro-bind-try", "--dev-bind-try"}
+
+
+def _with_parent_dirs(args: list[str]) -> list[str]:
+    """Prepends world-traversable `--dir`s for every bind's parents (bwrap would create them 0700)."""
+    parents: list[str] = []
+    i = 0
+    while i < len(args):
+        if args[i] in _BIND_OPTS and i + 2 < len(args):
+            dest = Path(args[i + 2])
+            for parent in reversed(dest.parents):
+                text = str(parent)
+                if text != "/" and text not in parents:
+                    parents.append(text)
+            i += 3
+        else:
+            i += 1
+    prefix = args[:1]
+    for path in parents:
+        prefix += ["--perms", "0755", "--dir", path]
+    return prefix + args[1:]
+
+
+def _read(fd: int, frames: list[tuple[dict[str, Any], bytes]], errors: list[str], max_payload: int) -> None:
+    with os.fdopen(fd, "rb", buffering=1 << 20) as src:
+        try:
+            for frame in wire.read_frames(src, max_payload):
+                frames.append(frame)
+                if len(frames) > 10_000:
+                    errors.append("too many frames")
+                    return
+        except wire.WireError as exc:
+            errors.append(str(exc))
+        except (OSError, ValueError) as exc:
+            errors.append(f"read failed: {exc}")
+
+
+def _write(fd: int, header: dict[str, Any], payload: bytes) -> None:
+    try:
+        with os.fdopen(fd, "wb", buffering=1 << 20) as dst:
+            wire.write_frame(dst, header, payload)
+    except (BrokenPipeError, OSError):
+        pass  # the child died before reading its job; the outcome says why
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as fh:
+                found += [int(c) for c in fh.read().split()]
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo and len(out) < 5000:
+        current = todo.pop()
+        out.append(current)
+        todo += _children(current)
+    return out
+
+
+def _tree_rss(pid: int) -> int:
+    total = 0
+    for p in _descendants(pid):
+        try:
+            with open(f"/proc/{p}/statm") as fh:
+                total += int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def _task_count(uid: int) -> int:
+    count = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    count += len(os.listdir(f"/proc/{entry}/task"))
+            except OSError:
+                pass
+    return count
+
+
+def _kill_tree(proc: subprocess.Popen[bytes], token: str) -> None:
+    """Kills the process group, every descendant, and anything still carrying this run's token."""
+    victims = _descendants(proc.pid)
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in victims:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    marker = f"SC_SANDBOX_RUN={token}".encode()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    if marker in fh.read().split(b"\0"):
+                        os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+
+
+def _tail(path: Path, limit: int = 6000) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - limit))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""

@@ -1,0 +1,286 @@
+"""VerifierService: builds a candidate, proves it correct on fresh inputs, times it honestly, rejects hacks.
+
+Transport-free: Celery tasks, the embedded runner, the CLI and tests all call this class. verify()
+never raises for a candidate's faults (build errors, crashes, hangs, hacks): they come back as a
+Verdict with accepted=False and a one-line reason. It raises ProblemError only when the reference
+itself is broken, and Unavailable when the device cannot be used.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from stitchcuda.api.v1 import code_pb2, plan_pb2, verify_pb2
+from stitchcuda.shared import candidate as candidate_format
+from stitchcuda.shared import devices
+from stitchcuda.shared.artifacts import ArtifactStore, LocalArtifactStore, sha256_hex
+from stitchcuda.shared.errors import InvalidRequest, Unavailable
+from stitchcuda.verifier import evaluate, feedback
+from stitchcuda.verifier.build import Builder
+from stitchcuda.verifier.evaluate import FindingList, Policy
+from stitchcuda.verifier.probes import build_plan
+from stitchcuda.verifier.reference import ReferenceResult, ReferenceRunner
+from stitchcuda.verifier.runner import CandidateRun, CandidateRunner
+from stitchcuda.verifier.sandbox import Sandbox
+from stitchcuda.verifier.settings import VerifierSettings
+
+try:  # the AST checks (D11) live in their own module, written separately
+    from stitchcuda.verifier.static import scan as static_scan
+except ImportError:  # pragma: no cover - only while static.py does not exist yet
+    static_scan = None
+
+log = logging.getLogger("stitchcuda.verifier")
+
+SCHEMA_VERSION = 1
+Progress = Callable[[str, float], None]
+
+
+class VerifierService:
+    """One per worker process; thread-safe; holds the sandbox, the build cache and recent references."""
+
+    def __init__(self, settings: VerifierSettings | None = None, *, artifacts: ArtifactStore | None = None) -> None:
+        self.settings = settings or VerifierSettings()
+        self.sandbox = Sandbox(self.settings)
+        store = artifacts or LocalArtifactStore(self.settings.state_root() / "build-cache")
+        self.builder = Builder(self.settings, store, self.sandbox)
+        self.references = ReferenceRunner(self.settings, self.sandbox)
+        self.candidates = CandidateRunner(self.settings, self.sandbox)
+        self._refs: dict[tuple[object, ...], ReferenceResult] = {}
+        self._ref_locks: dict[tuple[object, ...], threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    # --- public API ------------------------------------------------------------------------------
+
+    def build(self, candidate: code_pb2.Candidate, *, device: str) -> verify_pb2.BuildResult:
+        """Compiles (or fetches from the cache) the candidate's extension; never raises for bad code."""
+        try:
+            candidate_format.validate(candidate)
+        except InvalidRequest as exc:
+            return verify_pb2.BuildResult(ok=False, error=f"invalid candidate: {exc}")
+        result, _ = self.builder.build(candidate)
+        log.info(
+            "build %s: %s%s in %.1f s",
+            result.cache_key[:12],
+            "ok" if result.ok else "failed",
+            " (cached)" if result.cached else "",
+            result.seconds,
+        )
+        return result
+
+    def verify(
+        self,
+        reference_source: str,
+        candidate: code_pb2.Candidate,
+        *,
+        device: str = "cpu",
+        policy: verify_pb2.VerifyPolicy | None = None,
+        plan: plan_pb2.Plan | None = None,
+        progress: Progress | None = None,
+    ) -> verify_pb2.Verdict:
+        started = time.monotonic()
+        report = progress or (lambda stage, fraction: None)
+        device = devices.resolve(device)
+        pol = self.policy(policy)
+        if plan is not None and plan.dtype and not pol.precision and plan.dtype not in ("float32", "torch.float32"):
+            pol.precision = plan.dtype
+        verdict = verify_pb2.Verdict(
+            schema_version=SCHEMA_VERSION, candidate_id=candidate.candidate_id, device=devices.to_proto(device)
+        )
+        findings = FindingList(pol.allowed_rules)
+        if self.sandbox.warning:
+            findings.add("D9.sandbox-unavailable", "WARNING", self.sandbox.warning)
+        self._environment(verdict, None)
+        try:
+            self._verify(reference_source, candidate, device, pol, plan, verdict, findings, report)
+        finally:
+            self._finish(verdict, findings, started)
+        report("done", 1.0)
+        return verdict
+
+    def policy(self, policy: verify_pb2.VerifyPolicy | None) -> Policy:
+        """The effective policy: non-zero fields of the request over the settings' defaults."""
+        s = self.settings
+        p = policy or verify_pb2.VerifyPolicy()
+        iterations = max(20, p.timing_iterations or s.timing_iterations)
+        return Policy(
+            trials=max(2, p.correctness_trials or s.trials),
+            iterations=iterations,
+            warmup=max(1, p.warmup_iterations or s.warmup_iterations),
+            pool=s.timing_pool,
+            min_custom_share=p.min_custom_share or s.min_custom_share,
+            review_speedup=p.review_speedup or s.review_speedup,
+            compile_baseline=bool(p.compile_baseline) or (policy is None and s.compile_baseline),
+            allowed_rules=list(p.allowed_rules),
+            timeout_s=p.timeout_s or s.run_timeout_s,
+            precision=p.allowed_precision,
+            tol_floor=s.tol_floor,
+            tol_max_floor=s.tol_max_floor,
+            tol_factor=s.tol_factor,
+            floor_fraction=s.floor_fraction,
+            clock_factor=s.clock_factor,
+            clock_slack_ms=s.clock_slack_ms,
+        )
+
+    # --- the protocol ----------------------------------------------------------------------------
+
+    def _verify(
+        self,
+        reference_source: str,
+        candidate: code_pb2.Candidate,
+        device: str,
+        pol: Policy,
+        plan: plan_pb2.Plan | None,
+        verdict: verify_pb2.Verdict,
+        findings: FindingList,
+        report: Progress,
+    ) -> None:
+        if candidate.failure:
+            findings.add("candidate.failed", "REJECT", f"the coder produced no program: {candidate.failure}")
+            return
+        try:
+            candidate_format.validate(candidate)
+        except InvalidRequest as exc:
+            findings.add("candidate.invalid", "REJECT", str(exc))
+            return
+        if candidate.build.backend == "cuda" and device == "cpu":
+            findings.add("candidate.backend", "REJECT", "a CUDA candidate cannot run on the cpu device")
+            return
+        self._static(candidate, reference_source, findings)
+
+        report("build", 0.05)
+        build, ext_dir = self.builder.build(candidate)
+        verdict.build.CopyFrom(build)
+        verdict.compiled = build.ok
+        if not build.ok or ext_dir is None:
+            findings.add("build.failed", "REJECT", build.error or "the extension did not build")
+            return
+
+        report("reference", 0.25)
+        ref = self._reference(reference_source, device, pol)
+        self._environment(verdict, ref)
+
+        report("candidate", 0.5)
+        run = self.candidates.run(candidate, ext_dir, ref, timeout_s=pol.timeout_s)
+        if run.fault.get("stage") == "device":
+            raise Unavailable(f"the candidate process cannot use {device}: {run.fault.get('error')}")
+
+        report("compare", 0.9)
+        try:
+            self._evaluate(run, ref, candidate, pol, plan, verdict, findings)
+        except Exception as exc:  # malformed data from a hostile run must not crash the worker
+            log.exception("evaluation of candidate %s failed", candidate.candidate_id)
+            findings.add("verifier.internal-error", "REJECT", f"could not evaluate the run: {type(exc).__name__}: {exc}")
+
+    def _evaluate(
+        self,
+        run: CandidateRun,
+        ref: ReferenceResult,
+        candidate: code_pb2.Candidate,
+        pol: Policy,
+        plan: plan_pb2.Plan | None,
+        verdict: verify_pb2.Verdict,
+        findings: FindingList,
+    ) -> None:
+        evaluate.faults(run, findings, pol.timeout_s)
+        correctness, correct = evaluate.correctness(run, ref, pol, findings)
+        verdict.correctness.CopyFrom(correctness)
+        verdict.correct = correct
+        verdict.timing.CopyFrom(evaluate.timing(run, ref, pol, findings))
+        sources = {f.path: f.content for f in candidate.files if not f.path.endswith(".py")}
+        profile, _acc = evaluate.profile(run, ref, sources, verdict.timing.median_ms, plan, pol, findings)
+        verdict.profile.CopyFrom(profile)
+        evaluate.memory(run, ref, findings)
+        verdict.speedup_vs_eager = verdict.timing.speedup_vs_eager
+        verdict.speedup_vs_compile = verdict.timing.speedup_vs_compile
+        verdict.custom_kernel_share = verdict.profile.custom_share
+
+    def _static(self, candidate: code_pb2.Candidate, reference_source: str, findings: FindingList) -> None:
+        if static_scan is None:
+            return
+        try:
+            findings.extend(list(static_scan(candidate, reference_source)))
+        except Exception as exc:  # a bug in the scanner must not sink an honest candidate
+            log.exception("static scan failed")
+            findings.add("D11.scan-error", "WARNING", f"static scan failed: {type(exc).__name__}: {exc}")
+
+    def _reference(self, source: str, device: str, pol: Policy) -> ReferenceResult:
+        """Ground truth and baselines, reused for a few verifications of the same problem."""
+        key = (sha256_hex(source), device, pol.trials, pol.pool, pol.warmup, pol.iterations, pol.compile_baseline)
+        with self._lock:
+            lock = self._ref_locks.setdefault(key, threading.Lock())
+        with lock:
+            now = time.monotonic()
+            cached = self._refs.get(key)
+            if (
+                cached is not None
+                and cached.uses < self.settings.reference_reuse
+                and now - cached.created < self.settings.reference_ttl_s
+            ):
+                cached.uses += 1
+                return cached
+            plan = build_plan(pol.trials, pol.pool, pol.warmup, pol.iterations)
+            ref = self.references.run(source, device, plan, compile_baseline=pol.compile_baseline)
+            ref.uses = 1
+            with self._lock:
+                self._refs = {k: v for k, v in self._refs.items() if now - v.created < self.settings.reference_ttl_s}
+                self._refs[key] = ref
+            log.info("reference %s on %s: eager %.4f ms (%.1f s)", key[0][:12], device, ref.eager_ms, ref.seconds)
+            return ref
+
+    def _environment(self, verdict: verify_pb2.Verdict, ref: ReferenceResult | None) -> None:
+        env = verdict.environment
+        env.hostname = socket.gethostname()
+        env.sandbox = self.sandbox.mode
+        if ref is None:
+            import platform
+
+            import torch
+
+            env.torch_version = torch.__version__
+            env.cuda_version = torch.version.cuda or ""
+            env.python_version = platform.python_version()
+            return
+        info = ref.info
+        env.device_name = str(info.get("device_name", ""))
+        env.driver = str(info.get("driver", ""))
+        env.torch_version = str(info.get("torch_version", ""))
+        env.cuda_version = str(info.get("cuda_version", ""))
+        env.python_version = str(info.get("python_version", ""))
+        env.sandbox = ref.sandbox
+        del env.seeds[:]
+        env.seeds.extend(ref.plan.seeds)
+
+    def _finish(self, verdict: verify_pb2.Verdict, findings: FindingList, started: float) -> None:
+        del verdict.findings[:]
+        verdict.findings.extend(findings.items)
+        rejects = findings.rejects()
+        verdict.accepted = verdict.compiled and verdict.correct and not rejects
+        if rejects:
+            first = rejects[0]
+            verdict.reason = f"{first.rule}: {first.detail}"[:300]
+        elif not verdict.compiled:
+            verdict.reason = "the extension did not build"
+        elif not verdict.correct:
+            verdict.reason = "incorrect output"
+        else:
+            verdict.reason = f"accepted: {verdict.speedup_vs_eager:.2f}x vs eager"
+            if verdict.speedup_vs_compile:
+                verdict.reason += f", {verdict.speedup_vs_compile:.2f}x vs torch.compile"
+        verdict.seconds = time.monotonic() - started
+        verdict.feedback = feedback.render(verdict)
+        log.info("verdict %s: %s", verdict.candidate_id or "-", verdict.reason)
+
+    # --- convenience for tests, benchmarks and the CLI -------------------------------------------
+
+    def verify_dir(
+        self, reference: Path, candidate_dir: Path, *, device: str = "cpu", policy: verify_pb2.VerifyPolicy | None = None
+    ) -> verify_pb2.Verdict:
+        """Verifies a candidate folder (model_new.py + sources + manifest.json) against a reference file."""
+        cand = candidate_format.read_dir(candidate_dir)
+        cand.candidate_id = cand.candidate_id or candidate_dir.name
+        return self.verify(reference.read_text(), cand, device=device, policy=policy)

@@ -1,0 +1,67 @@
+"""Typed settings of the Verifier (environment variables STITCH_<FIELD>, e.g. STITCH_SANDBOX=bwrap)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from stitchcuda.shared.settings import CommonSettings
+
+
+class VerifierSettings(CommonSettings):
+    """Policy defaults, sandbox limits and cache locations of the Verifier."""
+
+    # Correctness (D2/D3) and timing (D7) defaults; a VerifyPolicy overrides the non-zero fields.
+    trials: int = Field(3, ge=1, le=16)
+    timing_iterations: int = Field(20, ge=5, le=10_000)
+    warmup_iterations: int = Field(5, ge=1, le=1000)
+    timing_pool: int = Field(3, ge=3, le=16)
+    min_custom_share: float = Field(0.5, ge=0.0, le=1.0)
+    review_speedup: float = 10.0
+    compile_baseline: bool = True
+    # Tolerance: rel_L2 <= max(floor, factor * err(fp32 reference vs fp64)), and the same for rel-max.
+    tol_floor: float = 1e-5
+    tol_max_floor: float = 1e-4
+    tol_factor: float = 10.0
+    # A time below this fraction of the physics floor is rejected.
+    floor_fraction: float = 0.5
+    # Event and wall clocks must agree: wall <= factor * event + slack.
+    clock_factor: float = 1.5
+    clock_slack_ms: float = 0.05
+
+    # Timeouts (seconds).
+    build_timeout_s: float = 600.0
+    reference_timeout_s: float = 600.0
+    run_timeout_s: float = 180.0
+
+    # Sandbox (D9/D10).
+    sandbox: Literal["auto", "bwrap", "none"] = "auto"
+    memory_limit_gb: float = 8.0
+    build_memory_limit_gb: float = 12.0
+    nproc_limit: int = 512
+    file_size_limit_mb: int = 2048
+    sandbox_uid_base: int = 200_000
+    runner_threads: int = 0  # torch intra-op threads in runners; 0 = torch default
+    max_payload_gb: float = 16.0
+
+    # Build (nvcc works without a GPU, so CUDA builds run on CPU workers too).
+    cuda_arch_list: str = "9.0"
+    build_jobs: int = 2
+    build_cache_dir: Path | None = None
+    run_dir: Path | None = None
+
+    # Reference results (inputs, ground truth, baselines) are reused for a few candidates of one problem.
+    reference_reuse: int = 8
+    reference_ttl_s: float = 900.0
+
+    # Nsight Compute counters for the top kernels (GPU only): auto = when ncu exists and works.
+    ncu: Literal["auto", "on", "off"] = "auto"
+    ncu_timeout_s: float = 180.0
+
+    def build_root(self) -> Path:
+        return self.build_cache_dir or (self.home / "verifier" / "builds")
+
+    def state_root(self) -> Path:
+        return self.home / "verifier"

@@ -1,0 +1,1 @@
+"""Offline checks of the deployment: compose, Dockerfile, kustomize manifests, monitoring, metrics."""
