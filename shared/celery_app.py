@@ -63,6 +63,7 @@ class QueueSettings(CommonSettings):
     time_limit_judge_s: int = 600
     soft_limit_margin_s: int = 30
     visibility_timeout_s: int = 3900
+    restore_interval_s: int = 10
     # Unavailable (Redis/S3/LLM down): retried with exponential backoff, then reported as a failure.
     task_max_retries: int = 10
     retry_backoff_s: float = 1.0
@@ -129,6 +130,11 @@ def configure_app(app: Celery, settings: QueueSettings) -> Celery:
             "fanout_prefix": True,
             "fanout_patterns": True,
             "socket_connect_timeout": 5,
+            # A publish on a dead connection fails instead of hanging (the poll timeout is 1 s).
+            "socket_timeout": 30,
+            # Messages of a worker that died whole are swept back after their visibility timeout.
+            "unacked_restore_interval": settings.restore_interval_s,
+            "unacked_restore_throttle": 1,
         },
         task_default_queue=PLANNER,
         task_queues=[_queue(q) for q in QUEUES],

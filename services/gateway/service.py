@@ -83,11 +83,10 @@ class Watch:
         self.after_seq = after_seq
         self._ended = job.status.state in TERMINAL_STATES
         self.done = False
+        # The first read happens now, so a bad seq is refused before a stream opens.
+        self._pending = self._read(0.0)
 
-    def poll(self, wait_s: float) -> list[jobs_pb2.JobEvent]:
-        """The next events, waiting up to wait_s for the first; [] on a quiet interval."""
-        if self.done:
-            return []
+    def _read(self, wait_s: float) -> list[jobs_pb2.JobEvent]:
         events = self._jobs.read_events(self.job_id, self.after_seq, timeout_s=0.0 if self._ended else wait_s)
         if events:
             self.after_seq = events[-1].seq
@@ -96,6 +95,15 @@ class Watch:
         elif self._ended:
             self.done = True
         return events
+
+    def poll(self, wait_s: float) -> list[jobs_pb2.JobEvent]:
+        """The next events, waiting up to wait_s for the first; [] on a quiet interval."""
+        if self._pending:
+            events, self._pending = self._pending, []
+            return events
+        if self.done:
+            return []
+        return self._read(wait_s)
 
     def __iter__(self) -> Iterator[jobs_pb2.JobEvent]:
         while not self.done:

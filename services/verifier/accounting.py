@@ -23,8 +23,20 @@ CPU_LIBRARY = re.compile(
     r"^aten::(mm|addmm|bmm|baddbmm|addbmm|matmul|linear|mv|addmv|dot|vdot|einsum|tensordot|conv|_conv|"
     r"convolution|_convolution|mkldnn|_mkldnn|cudnn|miopen|_scaled_dot|scaled_dot|lstm|gru|rnn|_fused|fbgemm)"
 )
-LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
-JOINS = ("cudaStreamWaitEvent", "cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cuStreamWaitEvent")
+LAUNCHES = (
+    "cudaLaunchKernel",
+    "cuLaunchKernel",
+    "cudaLaunchCooperativeKernel",
+    "cudaLaunchKernelExC",
+    "cuLaunchKernelEx",
+)
+JOINS = (
+    "cudaStreamWaitEvent",
+    "cudaEventSynchronize",
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cuStreamWaitEvent",
+)
 _GLOBAL = re.compile(r"__global__\s+(?:[\w:<>,\s\*&]*?\s)?(\w+)\s*\(")
 
 
@@ -136,7 +148,11 @@ def _account_gpu(
 ) -> Accounting:
     acc = Accounting()
     runtime = [e for e in events if e["cat"] in ("cuda_runtime", "cuda_driver")]
-    launches = {e["correlation"]: e for e in runtime if e["name"].startswith(LAUNCHES) and e["correlation"] is not None}
+    launches = {
+        e["correlation"]: e
+        for e in runtime
+        if e["name"].startswith(LAUNCHES) and e["correlation"] is not None
+    }
     device_work = [e for e in events if e["cat"] in ("kernel", "gpu_memcpy", "gpu_memset")]
     marker = next((e for e in device_work if e["cat"] == "kernel" and "spin" in e["name"].lower()), None)
     if marker is not None:
@@ -180,9 +196,7 @@ def _account_gpu(
         else:
             acc.torch_ms += ms
     if first_side_launch is not None:
-        acc.joined = any(
-            e["name"].startswith(JOINS) and first_side_launch <= e["ts"] <= hi for e in runtime
-        )
+        acc.joined = any(e["name"].startswith(JOINS) and first_side_launch <= e["ts"] <= hi for e in runtime)
     acc.total_ms = acc.custom_ms + acc.library_ms + acc.torch_ms
     acc.kernels = sorted(groups.values(), key=lambda k: -k.time_ms)
     return acc

@@ -34,6 +34,7 @@ from stitchcuda.verifier.settings import VerifierSettings
 
 log = logging.getLogger("stitchcuda.verifier.build")
 
+FAILURE = "build-error.json"
 _ERROR_PATTERNS = [
     re.compile(r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:\d+:)?\s*(?:fatal )?error:\s*(?P<msg>.+)$"),
     re.compile(r"^(?P<file>[^\s(]+)\((?P<line>\d+)\):\s*(?:catastrophic )?error:?\s*(?P<msg>.+)$"),
@@ -74,7 +75,11 @@ def toolchain(backend: str, arch_list: str) -> dict[str, str]:
 def cache_key(candidate: code_pb2.Candidate, arch_list: str) -> str:
     build = candidate.build
     entry = candidate.entry or ENTRY
-    files = {f.path: sha256_hex(f.content) for f in candidate.files if f.path != entry and not f.path.endswith(".py")}
+    files = {
+        f.path: sha256_hex(f.content)
+        for f in candidate.files
+        if f.path != entry and not f.path.endswith(".py")
+    }
     doc = {
         "name": build.extension_name,
         "backend": build.backend,
@@ -118,6 +123,7 @@ class Builder:
         self.sandbox = sandbox
         self.root = settings.build_root()
         self.root.mkdir(parents=True, exist_ok=True)
+        self.compiles = 0  # real compilations by this builder (cache misses), for metrics and tests
 
     def key(self, candidate: code_pb2.Candidate) -> str:
         return cache_key(candidate, self.settings.cuda_arch_list)
@@ -132,14 +138,21 @@ class Builder:
         result = verify_pb2.BuildResult(cache_key=key)
         target = self.local_dir(key)
         with self._lock(key):
-            if (target / f"{name}.so").is_file():
+            hit = (
+                (target / f"{name}.so").is_file()
+                or (target / FAILURE).is_file()
+                or self._fetch(key, target, name)
+            )
+            if hit and (target / f"{name}.so").is_file():
                 result.ok, result.cached = True, True
-            elif self._fetch(key, target, name):
-                result.ok, result.cached = True, True
+            elif hit:
+                failure = json.loads((target / FAILURE).read_text())
+                result.ok, result.cached = False, True
+                result.error, result.log_tail = failure.get("error", ""), failure.get("log_tail", "")
             else:
-                ok, error, log_tail = self._compile(candidate, target)
+                ok, error, log_tail, deterministic = self._compile(candidate, target)
                 result.ok, result.error, result.log_tail = ok, error, log_tail
-                if ok:
+                if ok or deterministic:
                     self._store(key, target)
         result.seconds = time.monotonic() - started
         return result, (target if result.ok else None)
@@ -168,7 +181,7 @@ class Builder:
                     src = tar.extractfile(member)
                     if src is not None:
                         (staging / member.name).write_bytes(src.read())
-            if not (staging / f"{name}.so").is_file():
+            if not (staging / f"{name}.so").is_file() and not (staging / FAILURE).is_file():
                 return False
             for path in staging.iterdir():
                 path.chmod(0o644)
@@ -185,15 +198,17 @@ class Builder:
     def _store(self, key: str, target: Path) -> None:
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-            for path in sorted(target.glob("*.so")):
+            for path in sorted([*target.glob("*.so"), *target.glob(FAILURE)]):
                 tar.add(path, arcname=path.name)
         try:
             self.artifacts.put(Keys.build_cache(key), buf.getvalue(), "application/gzip")
         except Exception as exc:  # a cache we cannot fill only costs a rebuild elsewhere
             log.warning("could not store build %s in the artifact store: %s", key[:12], exc)
 
-    def _compile(self, candidate: code_pb2.Candidate, target: Path) -> tuple[bool, str, str]:
+    def _compile(self, candidate: code_pb2.Candidate, target: Path) -> tuple[bool, str, str, bool]:
+        """(ok, first error, log tail, whether a failure is deterministic and may be cached)."""
         name = candidate.build.extension_name
+        self.compiles += 1
         run_dir = Path(tempfile.mkdtemp(dir=self.root, prefix=".build-"))
         try:
             src = run_dir / "src"
@@ -206,7 +221,7 @@ class Builder:
                     continue
                 path = src / f.path
                 if ".." in Path(f.path).parts or Path(f.path).is_absolute():
-                    return False, f"source path escapes the candidate folder: {f.path}", ""
+                    return False, f"source path escapes the candidate folder: {f.path}", "", False
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(f.content)
             for path in [src, *src.rglob("*")]:
@@ -248,13 +263,18 @@ class Builder:
                 staging.chmod(0o755)
                 shutil.rmtree(target, ignore_errors=True)
                 os.replace(staging, target)
-                return True, "", ""
+                return True, "", "", True
             text = (record[0].get("error", "") if record else "") or outcome.log_tail
             if not record:
                 text = f"{outcome.crash_reason()}\n{text}"
             error = first_error(text, str(run_dir))
             if outcome.timed_out:
                 error = f"build timed out after {self.settings.build_timeout_s:.0f} s"
-            return False, error, text[-4000:]
+            # Compiler and linker errors repeat on every worker; crashes, kills and timeouts may not.
+            deterministic = record is not None and not outcome.timed_out and not outcome.memory_exceeded
+            if deterministic:
+                target.mkdir(parents=True, exist_ok=True)
+                (target / FAILURE).write_text(json.dumps({"error": error, "log_tail": text[-4000:]}))
+            return False, error, text[-4000:], deterministic
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -48,7 +48,9 @@ class CeilingStore:
 
     def _path(self, device: str) -> Path:
         host = socket.gethostname().replace("/", "_")
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "all").replace(",", "_") if device == "cuda" else "host"
+        visible = (
+            os.environ.get("CUDA_VISIBLE_DEVICES", "all").replace(",", "_") if device == "cuda" else "host"
+        )
         return self.root / f"{device}-{host}-{visible}.json"
 
     def get(self, device: str, dtype: str = "float32") -> Ceilings | None:

@@ -132,11 +132,15 @@ def _nonfinite_mismatch(c: torch.Tensor, r: torch.Tensor) -> str:
 def check_output(candidate: Any, ref32: Any, ref64: Any, tol: Tolerance) -> OutputCheck:
     if not isinstance(ref32, torch.Tensor):
         if isinstance(candidate, torch.Tensor):
-            return OutputCheck(False, "D3.type", f"returned a tensor where the reference returns {type(ref32).__name__}")
+            return OutputCheck(
+                False, "D3.type", f"returned a tensor where the reference returns {type(ref32).__name__}"
+            )
         if isinstance(ref32, float) and isinstance(candidate, int | float):
             err = abs(float(candidate) - ref32) / max(abs(ref32), 1e-30)
             ok = err <= tol.rel_l2
-            return OutputCheck(ok, "" if ok else "D3.mismatch", "" if ok else f"{candidate!r} != {ref32!r}", err, err)
+            return OutputCheck(
+                ok, "" if ok else "D3.mismatch", "" if ok else f"{candidate!r} != {ref32!r}", err, err
+            )
         ok = candidate == ref32
         return OutputCheck(bool(ok), "" if ok else "D3.mismatch", "" if ok else f"{candidate!r} != {ref32!r}")
     if not isinstance(candidate, torch.Tensor):
@@ -144,11 +148,15 @@ def check_output(candidate: Any, ref32: Any, ref64: Any, tol: Tolerance) -> Outp
     if candidate.dtype != ref32.dtype:
         return OutputCheck(False, "D3.dtype", f"dtype {candidate.dtype}, expected {ref32.dtype}")
     if tuple(candidate.shape) != tuple(ref32.shape):
-        return OutputCheck(False, "D3.shape", f"shape {tuple(candidate.shape)}, expected {tuple(ref32.shape)}")
+        return OutputCheck(
+            False, "D3.shape", f"shape {tuple(candidate.shape)}, expected {tuple(ref32.shape)}"
+        )
     if not ref32.is_floating_point() and not ref32.is_complex():
         bad = int((candidate != ref32).sum())
         ok = bad == 0
-        return OutputCheck(ok, "" if ok else "D3.mismatch", "" if ok else f"{bad} of {ref32.numel()} values differ")
+        return OutputCheck(
+            ok, "" if ok else "D3.mismatch", "" if ok else f"{bad} of {ref32.numel()} values differ"
+        )
     nonfinite = _nonfinite_mismatch(candidate, ref32)
     if nonfinite:
         return OutputCheck(False, "D3.nonfinite", nonfinite)
@@ -164,7 +172,8 @@ def check_output(candidate: Any, ref32: Any, ref64: Any, tol: Tolerance) -> Outp
         result.detail = (
             f"rel L2 {rel_l2:.3e} (tol {tol.rel_l2:.1e}), rel max {rel_max:.3e} (tol {tol.rel_max:.1e}); "
             f"{result.stats.get('bad', 0)} of {candidate.numel()} elements off, worst at "
-            f"{result.stats.get('worst_index')}: got {result.stats.get('got')}, expected {result.stats.get('expected')}"
+            f"{result.stats.get('worst_index')}: got {result.stats.get('got')}, "
+            f"expected {result.stats.get('expected')}"
         )
     return result
 
@@ -191,7 +200,9 @@ def mismatch_stats(candidate: torch.Tensor, target: torch.Tensor, tol: Tolerance
     }
 
 
-def check_set(candidate: list[Any], ref32: list[Any], ref64: list[Any] | None, tols: list[Tolerance]) -> SetCheck:
+def check_set(
+    candidate: list[Any], ref32: list[Any], ref64: list[Any] | None, tols: list[Tolerance]
+) -> SetCheck:
     if len(candidate) != len(ref32):
         detail = f"returned {len(candidate)} output(s), the reference returns {len(ref32)}"
         return SetCheck(False, [OutputCheck(False, "D3.structure", detail)])

@@ -61,7 +61,9 @@ class FindingList:
         for f in self.items:
             if f.rule == rule and f.detail == detail[:600] and f.where == where[:200]:
                 return
-        self.items.append(verify_pb2.Finding(rule=rule, severity=level, detail=detail[:600], where=where[:200]))  # type: ignore[arg-type]
+        self.items.append(
+            verify_pb2.Finding(rule=rule, severity=level, detail=detail[:600], where=where[:200])
+        )  # type: ignore[arg-type]
 
     def extend(self, findings: list[verify_pb2.Finding]) -> None:
         for f in findings:
@@ -88,7 +90,12 @@ class Evaluation:
 def faults(run: CandidateRun, findings: FindingList, timeout_s: float) -> None:
     """Crashes, hangs, resource kills and broken channels: a reason, never an exception."""
     for f in run.findings:
-        findings.add(str(f.get("rule", "D9.unknown")), str(f.get("severity", "REJECT")), str(f.get("detail", "")), str(f.get("where", "")))
+        findings.add(
+            str(f.get("rule", "D9.unknown")),
+            str(f.get("severity", "REJECT")),
+            str(f.get("detail", "")),
+            str(f.get("where", "")),
+        )
     if run.fault:
         stage = run.fault.get("stage", "?")
         tb = run.fault.get("traceback") or []
@@ -101,7 +108,9 @@ def faults(run: CandidateRun, findings: FindingList, timeout_s: float) -> None:
     elif out.memory_exceeded:
         findings.add("D10.memory", "REJECT", f"the candidate process {out.crash_reason()}")
     elif out.timed_out:
-        findings.add("D1.timeout", "REJECT", f"the candidate process {out.crash_reason()} (limit {timeout_s:.0f} s)")
+        findings.add(
+            "D1.timeout", "REJECT", f"the candidate process {out.crash_reason()} (limit {timeout_s:.0f} s)"
+        )
     elif not run.completed:
         rule = "D1.no-completion-record" if out.returncode == 0 else "D1.crash"
         findings.add(rule, "REJECT", f"the candidate process {out.crash_reason()}")
@@ -113,18 +122,21 @@ def correctness(
     plan = ref.plan
     refs = [(s.ref32, s.ref64) for name, s in ref.sets.items() if name != plan.offshape]
     tols = compare.tolerances(
-        refs, floor=policy.tol_floor, max_floor=policy.tol_max_floor, factor=policy.tol_factor, precision=policy.precision
+        refs,
+        floor=policy.tol_floor,
+        max_floor=policy.tol_max_floor,
+        factor=policy.tol_factor,
+        precision=policy.precision,
     )
     result = verify_pb2.CorrectnessResult(tolerance=tols[0].rel_l2 if tols else policy.tol_floor)
     expected = [n for n in plan.checked if n in ref.sets]
     timed = sorted(n for n in run.outputs if n.startswith("timed["))
     worst = 0.0
     ok = bool(expected) and run.completed
+    failures: dict[str, list[tuple[str, str]]] = {}
     for name in expected + timed:
         rec = run.outputs.get(name)
-        set_name = name if name in plan.checked and name in ref.sets else (rec.set_name if rec else "")
-        if name in plan.checked:
-            set_name = plan.checked[name]
+        set_name = plan.checked.get(name) or (rec.set_name if rec else "")
         if rec is None or rec.outputs is None or set_name not in ref.sets:
             if run.completed:
                 findings.add("D1.missing-output", "REJECT", f"no output was recorded for {name}", name)
@@ -144,13 +156,24 @@ def correctness(
         )
         if not check.ok:
             ok = False
-            findings.add(w.rule or "D3.mismatch", "REJECT", w.detail, name)
+            failures.setdefault(w.rule or "D3.mismatch", []).append((name, w.detail))
             if not result.failure:
                 result.failure = f"{name}: {w.detail}"
+    for rule, items in failures.items():
+        names = ", ".join(n for n, _ in items[:6]) + (", ..." if len(items) > 6 else "")
+        first_name, first_detail = items[0]
+        count = f" (fails {len(items)} of {len(result.trials)} probes: {names})" if len(items) > 1 else ""
+        findings.add(rule, "REJECT", f"{first_name}: {first_detail}{count}", first_name)
     trial_outs = [run.outputs[n].outputs for n in expected if n.startswith("trial") and n in run.outputs]
     trial_refs = [ref.sets[n].ref32 for n in expected if n.startswith("trial")]
-    if compare.identical_outputs([o for o in trial_outs if o is not None]) and not compare.identical_outputs(trial_refs):
-        findings.add("D3.constant-output", "REJECT", "the same output for different inputs, while the reference's changes")
+    if compare.identical_outputs([o for o in trial_outs if o is not None]) and not compare.identical_outputs(
+        trial_refs
+    ):
+        findings.add(
+            "D3.constant-output",
+            "REJECT",
+            "the same output for different inputs, while the reference's changes",
+        )
         ok = False
     for warning in compare.null_model_warnings(refs, tols):
         findings.add("D3.null-model", "WARNING", f"problem: {warning}; correctness rests on the other probes")
@@ -181,7 +204,9 @@ def _shape_probe(
     if rec.error or rec.outputs is None:
         probe.ok = False
         probe.detail = rec.error or "no output"
-        findings.add("D4.off-shape", "WARNING", f"fails on unseen shapes ({dims}): {probe.detail}", "offshape")
+        findings.add(
+            "D4.off-shape", "WARNING", f"fails on unseen shapes ({dims}): {probe.detail}", "offshape"
+        )
         return
     data = ref.sets[plan.offshape]
     tols = compare.tolerances(
@@ -196,7 +221,9 @@ def _shape_probe(
     probe.ok, probe.rel_l2, probe.max_abs, probe.detail = check.ok, w.rel_l2, w.max_abs, w.detail
     probe.tolerance = tols[0].rel_l2 if tols else 0.0
     if not check.ok:
-        findings.add("D4.off-shape", "WARNING", f"overfit to the benchmark shape ({dims}): {w.detail}", "offshape")
+        findings.add(
+            "D4.off-shape", "WARNING", f"overfit to the benchmark shape ({dims}): {w.detail}", "offshape"
+        )
 
 
 def timing(
@@ -237,9 +264,15 @@ def timing(
             "timed loop",
         )
     if t.speedup_vs_eager > policy.review_speedup:
-        findings.add("D7.review", "WARNING", f"speedup {t.speedup_vs_eager:.1f}x vs eager is above {policy.review_speedup:g}x: review")
+        findings.add(
+            "D7.review",
+            "WARNING",
+            f"speedup {t.speedup_vs_eager:.1f}x vs eager is above {policy.review_speedup:g}x: review",
+        )
     if t.spread > 1.0:
-        findings.add("D7.noisy", "WARNING", f"timing spread (p90-p10)/median = {t.spread:.2f}: the machine is noisy")
+        findings.add(
+            "D7.noisy", "WARNING", f"timing spread (p90-p10)/median = {t.spread:.2f}: the machine is noisy"
+        )
     return t
 
 
@@ -267,11 +300,18 @@ def profile(
     result = verify_pb2.ProfileResult()
     acc: Accounting | None = None
     if run.profile:
-        acc = account(list(run.profile.get("events", [])), run.token, ref.device, global_symbols(candidate_sources))
+        acc = account(
+            list(run.profile.get("events", [])), run.token, ref.device, global_symbols(candidate_sources)
+        )
         total = acc.total_ms or 1.0
         for k in acc.kernels[:25]:
             result.kernels.add(
-                name=k.name[:200], origin=k.origin, time_ms=k.time_ms, share=k.time_ms / total, stream=k.stream, calls=k.calls
+                name=k.name[:200],
+                origin=k.origin,
+                time_ms=k.time_ms,
+                share=k.time_ms / total,
+                stream=k.stream,
+                calls=k.calls,
             )
         result.custom_share = acc.share("custom")
         result.library_share = acc.share("library")
@@ -309,16 +349,23 @@ def _accounting_findings(
         findings.add(
             "D6.low-custom-share",
             "REJECT",
-            f"custom kernels cover {share:.0%} of the time (policy: at least {policy.min_custom_share:.0%}){hint}",
+            f"custom kernels cover {share:.0%} of the time "
+            f"(policy: at least {policy.min_custom_share:.0%}){hint}",
             "profile",
         )
     if acc.side_stream_custom:
         names = ", ".join(sorted(set(acc.side_stream_custom))[:3])
         if acc.joined:
-            findings.add("D6.side-stream-joined", "INFO", f"custom kernels on a side stream, joined before return: {names}")
+            findings.add(
+                "D6.side-stream-joined",
+                "INFO",
+                f"custom kernels on a side stream, joined before return: {names}",
+            )
         else:
             findings.add(
-                "D6.unjoined-stream", "REJECT", f"custom kernels on a side stream never joined to the caller's: {names}"
+                "D6.unjoined-stream",
+                "REJECT",
+                f"custom kernels on a side stream never joined to the caller's: {names}",
             )
 
 
@@ -348,8 +395,9 @@ def _floor(
         findings.add(
             "D7.below-floor",
             "REJECT",
-            f"{candidate_ms:.4f} ms is below {policy.floor_fraction:g}x the physics floor {floor.floor_ms:.4f} ms "
-            f"({nbytes / 1e6:.2f} MB at {ref.ceilings.peak_copy_gbs:.0f} GB/s, {flops / 1e9:.2f} GFLOP): work was skipped",
+            f"{candidate_ms:.4f} ms is below {policy.floor_fraction:g}x the physics floor "
+            f"{floor.floor_ms:.4f} ms ({nbytes / 1e6:.2f} MB at {ref.ceilings.peak_copy_gbs:.0f} GB/s, "
+            f"{flops / 1e9:.2f} GFLOP): work was skipped",
             "timed loop",
         )
     return floor
@@ -364,6 +412,7 @@ def memory(run: CandidateRun, ref: ReferenceResult, findings: FindingList) -> No
         findings.add(
             "D10.memory",
             "REJECT",
-            f"peak device memory {peak / 2**30:.2f} GiB beyond the runner's own; limit {allowed / 2**30:.2f} GiB "
+            f"peak device memory {peak / 2**30:.2f} GiB beyond the runner's own; "
+            f"limit {allowed / 2**30:.2f} GiB "
             "(max of 3x and +1 GiB over the reference's peak)",
         )

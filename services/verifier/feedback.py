@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from stitchcuda.api.v1 import verify_pb2
 
-_LEVEL = {verify_pb2.SEVERITY_INFO: "INFO", verify_pb2.SEVERITY_WARNING: "WARNING", verify_pb2.SEVERITY_REJECT: "REJECT"}
+_LEVEL = {
+    verify_pb2.SEVERITY_INFO: "INFO",
+    verify_pb2.SEVERITY_WARNING: "WARNING",
+    verify_pb2.SEVERITY_REJECT: "REJECT",
+}
 
 
 def _ms(x: float) -> str:
@@ -17,7 +21,9 @@ def render(v: verify_pb2.Verdict, *, max_kernels: int = 8) -> str:
     lines.append(f"VERDICT: {head} - {v.reason}")
     b = v.build
     if b.cache_key:
-        state = "ok" + (" (cached)" if b.cached else f" ({b.seconds:.1f} s)") if b.ok else f"FAILED: {b.error}"
+        state = (
+            "ok" + (" (cached)" if b.cached else f" ({b.seconds:.1f} s)") if b.ok else f"FAILED: {b.error}"
+        )
         lines.append(f"Build: {state}")
     c = v.correctness
     if c.trials:
@@ -29,7 +35,8 @@ def render(v: verify_pb2.Verdict, *, max_kernels: int = 8) -> str:
         else:
             lines.append(
                 f"Correctness: ok on {len(c.trials)} probes (fresh secret inputs, refills, perturbations, "
-                f"shifted distributions, timed-loop samples); worst rel L2 {c.max_rel_l2:.2e} (tol {c.tolerance:.1e})"
+                f"shifted distributions, timed-loop samples); worst rel L2 {c.max_rel_l2:.2e} "
+                f"(tol {c.tolerance:.1e})"
             )
         if c.shape_probe.name:
             verdict = "ok" if c.shape_probe.ok else f"fails: {c.shape_probe.detail}"
@@ -37,12 +44,15 @@ def render(v: verify_pb2.Verdict, *, max_kernels: int = 8) -> str:
     t = v.timing
     if t.iterations:
         parts = [
-            f"candidate {_ms(t.median_ms)} median (p10 {_ms(t.p10_ms)}, p90 {_ms(t.p90_ms)}, n={t.iterations}; "
+            f"candidate {_ms(t.median_ms)} median (p10 {_ms(t.p10_ms)}, p90 {_ms(t.p90_ms)}, "
+            f"n={t.iterations}; "
             f"wall {_ms(t.wall_median_ms)})",
             f"eager {_ms(t.eager_ms)} ({t.speedup_vs_eager:.2f}x)",
         ]
         parts.append(
-            f"torch.compile {_ms(t.compile_ms)} ({t.speedup_vs_compile:.2f}x)" if t.compile_available else "torch.compile n/a"
+            f"torch.compile {_ms(t.compile_ms)} ({t.speedup_vs_compile:.2f}x)"
+            if t.compile_available
+            else "torch.compile n/a"
         )
         lines.append("Timing: " + " | ".join(parts))
     p = v.profile
@@ -54,10 +64,13 @@ def render(v: verify_pb2.Verdict, *, max_kernels: int = 8) -> str:
         for k in list(p.kernels)[:max_kernels]:
             counters = ", ".join(f"{name}={value:.1f}" for name, value in sorted(k.counters.items()))
             extra = f" [{counters}]" if counters else ""
-            lines.append(f"  {k.origin:<8} {_ms(k.time_ms):>12} {k.share:5.0%}  x{k.calls} {k.name[:90]}{extra}")
+            lines.append(
+                f"  {k.origin:<8} {_ms(k.time_ms):>12} {k.share:5.0%}  x{k.calls} {k.name[:90]}{extra}"
+            )
     if p.floor_ms > 0:
         lines.append(
-            f"Bound: {p.bound}-bound; physics floor {_ms(p.floor_ms)}; achieved {p.achieved_bandwidth_gbs:.1f} GB/s, "
+            f"Bound: {p.bound}-bound; physics floor {_ms(p.floor_ms)}; "
+            f"achieved {p.achieved_bandwidth_gbs:.1f} GB/s, "
             f"{p.achieved_tflops:.3f} TFLOP/s"
         )
     interesting = [f for f in v.findings if f.severity >= verify_pb2.SEVERITY_WARNING]
@@ -72,7 +85,8 @@ def render(v: verify_pb2.Verdict, *, max_kernels: int = 8) -> str:
     e = v.environment
     lines.append(
         f"Reproduce: device {e.device_name or '?'}; torch {e.torch_version}; CUDA {e.cuda_version or '-'}; "
-        f"driver {e.driver or '-'}; python {e.python_version}; sandbox {e.sandbox}; seeds {list(e.seeds)[:4]}..."
+        f"driver {e.driver or '-'}; python {e.python_version}; sandbox {e.sandbox}; "
+        f"seeds {list(e.seeds)[:4]}..."
     )
     for doc in v.docs[:3]:
         lines.append(f"Doc: {doc}")

@@ -76,6 +76,7 @@ RULES: tuple[Rule, ...] = (
     Rule("D11.nan-literal",        WARNING,  False,   "29",         "NaN literals"),
     Rule("D11.shape-gate",         WARNING,  False,   "28",         "input shapes compared with literal sizes"),
     Rule("D11.expand-output",      WARNING,  False,   "23",         "expand/as_strided/broadcast_to on input-derived tensors (stride-0 outputs)"),
+    Rule("D11.input-alias",        WARNING,  False,   "23",         "forward returns a view of an input tensor (D5 rejects the overlap at run time)"),
     Rule("D11.host-read",          WARNING,  False,   "13",         ".item()/.tolist()/float() of input-derived values on the forward path"),
     Rule("D11.subsample",          WARNING,  False,   "10",         "strided slicing of inputs on the forward path"),
     Rule("D11.unused-input",       WARNING,  False,   "8",          "some forward inputs never reach a kernel or the output"),

@@ -96,7 +96,10 @@ class ReferenceRunner:
                 "work_dir": inside["work"],
                 "init_seed": plan.init_seed,
                 "sets": [s for s in plan.sets if s["name"] != plan.offshape],
-                "offshape": next(({"name": s["name"], "seed": s["seed"]} for s in plan.sets if s["name"] == plan.offshape), None),
+                "offshape": next(
+                    ({"name": s["name"], "seed": s["seed"]} for s in plan.sets if s["name"] == plan.offshape),
+                    None,
+                ),
                 "pool": plan.pool,
                 "warmup": plan.warmup,
                 "iterations": plan.iterations,

@@ -118,7 +118,11 @@ class CandidateRunner:
                     "offshape_init": ref.offshape.get("init_inputs", ref.init_inputs),
                 }
             )
-            gb = self.settings.memory_limit_gb if ref.device == "cpu" else max(self.settings.memory_limit_gb, 64.0)
+            gb = (
+                self.settings.memory_limit_gb
+                if ref.device == "cpu"
+                else max(self.settings.memory_limit_gb, 64.0)
+            )
             spec = RunSpec(
                 script="candidate_runner.py",
                 header=header,
@@ -197,7 +201,9 @@ def _collect(outcome: Outcome, nonce: str, token: str) -> CandidateRun:
             elif kind == "profile":
                 run.profile = head
             elif kind == "findings":
-                run.findings = [dict(f) for f in head.get("items", []) if isinstance(f, dict)]
+                run.findings += [dict(f) for f in head.get("items", []) if isinstance(f, dict)]
+            elif kind == "finding":
+                run.findings.append({k: head.get(k, "") for k in ("rule", "severity", "detail", "where")})
             elif kind == "fault":
                 run.fault = head
             elif kind == "memory":

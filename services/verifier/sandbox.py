@@ -106,18 +106,26 @@ class Outcome:
     def crash_reason(self) -> str:
         """One line for a run that ended without a completion record."""
         if self.timed_out:
-            return f"timed out after {self.seconds:.0f} s (hang or infinite loop); the process tree was killed"
+            return (
+                f"timed out after {self.seconds:.0f} s (hang or infinite loop); the process tree was killed"
+            )
         if self.memory_exceeded:
             return "exceeded the memory limit; the process tree was killed"
         if self.wire_error:
             return f"corrupted the result channel ({self.wire_error})"
         code = self.returncode
+        if self.sandbox == "bwrap" and code is not None and 128 < code < 160:
+            code = 128 - code  # bwrap's init reports a child killed by signal N as 128 + N
         if code is not None and code < 0:
             try:
                 name = signal.Signals(-code).name
             except ValueError:
                 name = f"signal {-code}"
-            hint = {"SIGSEGV": " (segmentation fault)", "SIGKILL": " (killed: out of memory?)", "SIGXCPU": " (CPU limit)"}
+            hint = {
+                "SIGSEGV": " (segmentation fault)",
+                "SIGKILL": " (killed: out of memory?)",
+                "SIGXCPU": " (CPU limit)",
+            }
             return f"crashed with {name}{hint.get(name, '')}"
         if code == 0:
             return "exited without a completion record"
@@ -142,12 +150,24 @@ def bwrap_usable() -> bool:
     if not exe:
         return False
     if exe not in _BWRAP_OK:
-        cmd = [exe, "--unshare-net", "--unshare-pid", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc"]
+        cmd = [
+            exe,
+            "--unshare-net",
+            "--unshare-pid",
+            "--die-with-parent",
+            "--ro-bind",
+            "/",
+            "/",
+            "--proc",
+            "/proc",
+        ]
         try:
             res = subprocess.run([*cmd, "true"], capture_output=True, timeout=20, check=False)
             _BWRAP_OK[exe] = res.returncode == 0
             if res.returncode != 0:
-                log.warning("bwrap is installed but cannot run here: %s", res.stderr.decode(errors="replace")[:300])
+                log.warning(
+                    "bwrap is installed but cannot run here: %s", res.stderr.decode(errors="replace")[:300]
+                )
         except (OSError, subprocess.TimeoutExpired):
             _BWRAP_OK[exe] = False
     return _BWRAP_OK[exe]
@@ -180,7 +200,9 @@ class Sandbox:
         elif mode == "bwrap" and not bwrap_usable():
             raise RuntimeError("STITCH_SANDBOX=bwrap but bwrap is missing or cannot create namespaces here")
         if mode == "none" and not self.warning:
-            self.warning = "sandbox disabled by settings (STITCH_SANDBOX=none): no network or filesystem isolation"
+            self.warning = (
+                "sandbox disabled by settings (STITCH_SANDBOX=none): no network or filesystem isolation"
+            )
         if self.warning:
             log.warning("%s", self.warning)
         self.mode = mode
@@ -189,7 +211,9 @@ class Sandbox:
         # Without bwrap, a separate uid only works if it can still read the interpreter.
         self.drop_uid = self.root and (mode == "bwrap" or python_home_open)
         if mode == "none" and self.root and not self.drop_uid:
-            self.warning += "; the interpreter is not world-readable, so runs keep root and no process limit applies"
+            self.warning += (
+                "; the interpreter is not world-readable, so runs keep root and no process limit applies"
+            )
 
     @property
     def name(self) -> str:
@@ -245,13 +269,24 @@ class Sandbox:
         return args
 
     def _command(self, spec: RunSpec, job_fd: int, result_fd: int, uid: int) -> tuple[list[str], str]:
-        harness = self.inside("harness", {"harness": Mount(HARNESS_DIR)}) if self.mode == "bwrap" else str(HARNESS_DIR)
+        harness = (
+            self.inside("harness", {"harness": Mount(HARNESS_DIR)})
+            if self.mode == "bwrap"
+            else str(HARNESS_DIR)
+        )
         runner = [sys.executable, "-I", f"{harness}/{spec.script}", "--job-fd", str(job_fd)]
         runner += ["--result-fd", str(result_fd), "--uid", str(uid), "--gid", str(uid)]
         work = self.inside("work", spec.mounts)
         if self.mode != "bwrap":
             return runner, work
-        args = ["bwrap", "--die-with-parent", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        args = [
+            "bwrap",
+            "--die-with-parent",
+            "--unshare-net",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+        ]
         args += ["--unshare-cgroup-try", "--hostname", "sandbox"]
         args += self._system_binds(spec.device)
         args += ["--ro-bind", str(HARNESS_DIR), f"{INSIDE}/harness"]
@@ -300,7 +335,7 @@ class Sandbox:
         started = time.monotonic()
         with open(log_path, "wb") as log_file:
             try:
-                proc = subprocess.Popen(  # noqa: S603 - the command is built here, never from input
+                proc = subprocess.Popen(
                     cmd,
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
@@ -378,7 +413,15 @@ class Sandbox:
                     return False, True
 
 
-_BIND_OPTS = {"--bind", "--ro-bind", "--dev-bind", "--symlink", "--bind-try", "--ro-bind-try", "--dev-bind-try"}
+_BIND_OPTS = {
+    "--bind",
+    "--ro-bind",
+    "--dev-bind",
+    "--symlink",
+    "--bind-try",
+    "--ro-bind-try",
+    "--dev-bind-try",
+}
 
 
 def _with_parent_dirs(args: list[str]) -> list[str]:

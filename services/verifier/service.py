@@ -43,7 +43,9 @@ Progress = Callable[[str, float], None]
 class VerifierService:
     """One per worker process; thread-safe; holds the sandbox, the build cache and recent references."""
 
-    def __init__(self, settings: VerifierSettings | None = None, *, artifacts: ArtifactStore | None = None) -> None:
+    def __init__(
+        self, settings: VerifierSettings | None = None, *, artifacts: ArtifactStore | None = None
+    ) -> None:
         self.settings = settings or VerifierSettings()
         self.sandbox = Sandbox(self.settings)
         store = artifacts or LocalArtifactStore(self.settings.state_root() / "build-cache")
@@ -86,10 +88,17 @@ class VerifierService:
         report = progress or (lambda stage, fraction: None)
         device = devices.resolve(device)
         pol = self.policy(policy)
-        if plan is not None and plan.dtype and not pol.precision and plan.dtype not in ("float32", "torch.float32"):
+        if (
+            plan is not None
+            and plan.dtype
+            and not pol.precision
+            and plan.dtype not in ("float32", "torch.float32")
+        ):
             pol.precision = plan.dtype
         verdict = verify_pb2.Verdict(
-            schema_version=SCHEMA_VERSION, candidate_id=candidate.candidate_id, device=devices.to_proto(device)
+            schema_version=SCHEMA_VERSION,
+            candidate_id=candidate.candidate_id,
+            device=devices.to_proto(device),
         )
         findings = FindingList(pol.allowed_rules)
         if self.sandbox.warning:
@@ -174,7 +183,11 @@ class VerifierService:
             self._evaluate(run, ref, candidate, pol, plan, verdict, findings)
         except Exception as exc:  # malformed data from a hostile run must not crash the worker
             log.exception("evaluation of candidate %s failed", candidate.candidate_id)
-            findings.add("verifier.internal-error", "REJECT", f"could not evaluate the run: {type(exc).__name__}: {exc}")
+            findings.add(
+                "verifier.internal-error",
+                "REJECT",
+                f"could not evaluate the run: {type(exc).__name__}: {exc}",
+            )
 
     def _evaluate(
         self,
@@ -210,7 +223,15 @@ class VerifierService:
 
     def _reference(self, source: str, device: str, pol: Policy) -> ReferenceResult:
         """Ground truth and baselines, reused for a few verifications of the same problem."""
-        key = (sha256_hex(source), device, pol.trials, pol.pool, pol.warmup, pol.iterations, pol.compile_baseline)
+        key = (
+            sha256_hex(source),
+            device,
+            pol.trials,
+            pol.pool,
+            pol.warmup,
+            pol.iterations,
+            pol.compile_baseline,
+        )
         with self._lock:
             lock = self._ref_locks.setdefault(key, threading.Lock())
         with lock:
@@ -227,9 +248,13 @@ class VerifierService:
             ref = self.references.run(source, device, plan, compile_baseline=pol.compile_baseline)
             ref.uses = 1
             with self._lock:
-                self._refs = {k: v for k, v in self._refs.items() if now - v.created < self.settings.reference_ttl_s}
+                self._refs = {
+                    k: v for k, v in self._refs.items() if now - v.created < self.settings.reference_ttl_s
+                }
                 self._refs[key] = ref
-            log.info("reference %s on %s: eager %.4f ms (%.1f s)", key[0][:12], device, ref.eager_ms, ref.seconds)
+            log.info(
+                "reference %s on %s: eager %.4f ms (%.1f s)", key[0][:12], device, ref.eager_ms, ref.seconds
+            )
             return ref
 
     def _environment(self, verdict: verify_pb2.Verdict, ref: ReferenceResult | None) -> None:
@@ -278,7 +303,12 @@ class VerifierService:
     # --- convenience for tests, benchmarks and the CLI -------------------------------------------
 
     def verify_dir(
-        self, reference: Path, candidate_dir: Path, *, device: str = "cpu", policy: verify_pb2.VerifyPolicy | None = None
+        self,
+        reference: Path,
+        candidate_dir: Path,
+        *,
+        device: str = "cpu",
+        policy: verify_pb2.VerifyPolicy | None = None,
     ) -> verify_pb2.Verdict:
         """Verifies a candidate folder (model_new.py + sources + manifest.json) against a reference file."""
         cand = candidate_format.read_dir(candidate_dir)

@@ -46,6 +46,10 @@ def host_var(ident: str) -> str:
     return "H_" + cname(ident)
 
 
+def list_var(ident: str) -> str:
+    return "L_" + cname(ident)
+
+
 def local_var(ident: str) -> str:
     return "v_" + cname(ident)
 
@@ -265,6 +269,8 @@ class Host:
         self.backend = backend
         self.launch = launch
         self.lines: list[str] = []
+        # Host helpers the program needs from the back end ("lstm").
+        self.helpers: set[str] = set()
 
     def scalar_expr(self, a: Any) -> str:
         if isinstance(a, Const):
@@ -362,14 +368,22 @@ class Host:
     def host_op(self, op: Op) -> list[str]:
         if op.kind in (INPUT, PARAM):
             return []
+        if op.kind == VIEW and self.g.values[op.out].kind == "list":
+            return [f"const std::vector<at::Tensor> {list_var(op.out)} = {self.list_expr(op)};"]
         if op.kind == VIEW:
             return [f"at::Tensor {tensor_var(op.out)} = {self.view_expr(op)};"]
         if op.kind == LIB:
+            if op.fn == "lstm":
+                self.helpers.add("lstm")
             return [f"at::Tensor {tensor_var(op.out)} = {self.lib_expr(op)};"]
         if op.kind == HOST:
             return self.host_scalar(op)
         if op.kind == ITEM:
-            raise Unsupported(f"{op.origin}: indexing a list result")
+            src = op.args[0]
+            idx = op.args[1]
+            if not (isinstance(src, Ref) and isinstance(idx, Const) and isinstance(idx.value, int)):
+                raise Unsupported(f"{op.origin}: indexing a list result with {idx!r}")
+            return [f"at::Tensor {tensor_var(op.out)} = {list_var(src.id)}.at({idx.value});"]
         raise Unsupported(f"{op.origin}: host step {op.kind}")
 
     def host_scalar(self, op: Op) -> list[str]:
@@ -446,6 +460,24 @@ class Host:
         if isinstance(x, Const) and isinstance(x.value, int):
             return f"({vec}.size() - {-x.value})" if x.value < 0 else str(x.value)
         raise Unsupported("a non-constant slice of a shape")
+
+    def list_expr(self, op: Op) -> str:
+        src = tensor_var(op.args[0].id)
+        args = op.attrs.get("args", [])
+        kwargs = op.attrs.get("kwargs", {})
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", Const(0))
+        if op.fn == "chunk":
+            n = args[0] if args else kwargs["chunks"]
+            return f"{src}.chunk({self.scalar_expr(n)}, {self.scalar_expr(dim)})"
+        if op.fn == "split":
+            size = args[0] if args else kwargs.get("split_size_or_sections", kwargs.get("split_size"))
+            if isinstance(size, list):
+                return f"{src}.split_with_sizes({self.int_list(size)}, {self.scalar_expr(dim)})"
+            return f"{src}.split({self.scalar_expr(size)}, {self.scalar_expr(dim)})"
+        if op.fn == "unbind":
+            d = args[0] if args else kwargs.get("dim", Const(0))
+            return f"{src}.unbind({self.scalar_expr(d)})"
+        raise Unsupported(f"{op.origin}: list view {op.fn}")
 
     def view_expr(self, op: Op) -> str:
         src = tensor_var(op.args[0].id)
@@ -547,6 +579,17 @@ class Host:
             return f"at::{fn}({t[0]}, {t[1]})"
         if fn in ("addmm", "baddbmm"):
             return f"at::{fn}({t[0]}, {t[1]}, {t[2]}, {at['beta']}, {at['alpha']})"
+        if fn == "sdpa":
+            mask = self.opt_tensor(op.args[3]) if at.get("mask") else "c10::nullopt"
+            scale = f"c10::optional<double>({at['scale']!r})" if at.get("scale") is not None else "c10::nullopt"
+            causal = "true" if at["is_causal"] else "false"
+            return f"at::scaled_dot_product_attention({t[0]}, {t[1]}, {t[2]}, {mask}, 0.0, {causal}, {scale})"
+        if fn == "lstm":
+            weights = ", ".join(t[1:])
+            return (
+                f"stitch_lstm({t[0]}, {{{weights}}}, {at['layers']}, {str(at['bias']).lower()}, "
+                f"{str(at['batch_first']).lower()})"
+            )
         if fn == "einsum":
             return f'at::einsum("{at["equation"]}", {{{", ".join(t)}}})'
         if fn in ("conv1d", "conv2d", "conv3d"):

@@ -17,6 +17,7 @@ from stitchcuda.coder.synth.codegen import (
 )
 from stitchcuda.coder.synth.fusion import Program
 from stitchcuda.coder.synth.ir import Unsupported
+from stitchcuda.coder.synth import rnn
 from stitchcuda.coder.synth.runtime import HEADER_NAME
 from stitchcuda.coder.synth.variants import Variant
 
@@ -293,7 +294,8 @@ class CpuKernels:
         ]
 
     # ---- pooling -------------------------------------------------------------------------------------
-    def pool(self, info: KernelInfo) -> str:
+    def pool_body(self, info: KernelInfo, desc: str = "desc") -> list[str]:
+        """Lines computing output element `o` of a pool kernel (shared with the CUDA back end)."""
         k = info.kernel
         pool = k.pool
         assert pool is not None
@@ -303,30 +305,22 @@ class CpuKernels:
         src = pool.args[0].id
         dims = ["d", "h", "w"][3 - nd :]
 
-        def in_load(ident: str) -> str:
-            i = index[(ident, "in")]
-            acc = info.operands[i].access
-            if acc == "scalar":
-                return f"z{i}"
-            if acc == "contig":
-                return f"in{i}[ii]"
-            return f"in{i}[stitch::row_off<int64_t>(desc[{self.desc_slot(info, i)}], ii)]"
+        def loader(domain: str, flat: str):  # type: ignore[no-untyped-def]
+            def load(ident: str) -> str:
+                i = index[(ident, domain)]
+                acc = info.operands[i].access
+                if acc == "scalar":
+                    return f"z{i}"
+                if acc == "contig":
+                    return f"in{i}[{flat}]"
+                return f"in{i}[stitch::row_off<int64_t>({desc}[{self.desc_slot(info, i)}], {flat})]"
 
-        def out_load(ident: str) -> str:
-            i = index[(ident, "main")]
-            acc = info.operands[i].access
-            if acc == "scalar":
-                return f"z{i}"
-            if acc == "contig":
-                return f"in{i}[o]"
-            return f"in{i}[stitch::row_off<int64_t>(desc[{self.desc_slot(info, i)}], o)]"
+            return load
 
-        inner = Scope(self.g, info.ops, scalar, in_load)
+        inner = Scope(self.g, info.ops, scalar, loader("in", "ii"))
         value = inner.need(src)
         fn = pool.fn
         is_max = fn.startswith("max") or fn.startswith("adaptive_max")
-        lines = self.operand_setup(info)
-        # Output coordinates from the flat output index.
         decomp = ["int64_t t = o;"]
         for d in reversed(dims):
             decomp += [f"const int64_t o{d} = t % O{d.upper()};", f"t /= O{d.upper()};"]
@@ -340,16 +334,16 @@ class CpuKernels:
                     f"const int64_t {d}1 = ((o{d} + 1) * {size} + O{d.upper()} - 1) / O{d.upper()};",
                 ]
             elif is_max:
-                kk, s, p, dl = (pool.attrs[a][i] for a in ("kernel", "stride", "padding", "dilation"))
-                window += [f"const int64_t {d}s = o{d} * {s} - {p};"]
+                s_, p_ = pool.attrs["stride"][i], pool.attrs["padding"][i]
+                window += [f"const int64_t {d}s = o{d} * {s_} - {p_};"]
             else:
-                kk, s, p = (pool.attrs[a][i] for a in ("kernel", "stride", "padding"))
+                kk, s_, p_ = (pool.attrs[a][i] for a in ("kernel", "stride", "padding"))
                 window += [
-                    f"int64_t {d}0 = o{d} * {s} - {p};",
-                    f"int64_t {d}1 = std::min<int64_t>({d}0 + {kk}, {size} + {p});",
+                    f"int64_t {d}0 = o{d} * {s_} - {p_};",
+                    f"int64_t {d}1 = {d}0 + {kk} < {size} + {p_} ? {d}0 + {kk} : {size} + {p_};",
                     f"const int64_t {d}n = {d}1 - {d}0;",
-                    f"{d}0 = std::max<int64_t>({d}0, 0);",
-                    f"{d}1 = std::min<int64_t>({d}1, {size});",
+                    f"{d}0 = {d}0 > 0 ? {d}0 : 0;",
+                    f"{d}1 = {d}1 < {size} ? {d}1 : {size};",
                 ]
         flat = "nc"
         for d in dims:
@@ -373,27 +367,34 @@ class CpuKernels:
         nest = [*loops, *indent(body_inner, 2 * nd), *closers]
         if is_max:
             init, final = "float acc = -INFINITY;", "const float pooled = acc;"
-        elif fn.startswith("adaptive"):
-            count = " * ".join(f"({d}1 - {d}0)" for d in dims)
-            init, final = "float acc = 0.f;", f"const float pooled = acc / static_cast<float>({count});"
         else:
-            override = pool.attrs.get("divisor_override", 0)
-            if override:
-                count = str(override)
+            if fn.startswith("adaptive"):
+                count = " * ".join(f"({d}1 - {d}0)" for d in dims)
+            elif pool.attrs.get("divisor_override", 0):
+                count = str(pool.attrs["divisor_override"])
             elif pool.attrs.get("count_include_pad", True):
                 count = " * ".join(f"{d}n" for d in dims)
             else:
                 count = " * ".join(f"({d}1 - {d}0)" for d in dims)
             init, final = "float acc = 0.f;", f"const float pooled = acc / static_cast<float>({count});"
-        epi = Scope(self.g, info.ops, scalar, out_load)
+        epi = Scope(self.g, info.ops, scalar, loader("main", "o"))
         epi.names[pool.out] = "pooled"
         result = epi.need(k.root)
-        body = [*decomp, *window, init, *nest, final, *epi.lines, f"out[o] = {result};"]
+        return [*decomp, *window, init, *nest, final, *epi.lines, f"out[o] = {result};"]
+
+    def pool(self, info: KernelInfo) -> str:
+        k = info.kernel
+        pool = k.pool
+        assert pool is not None
+        nd = pool.attrs["nd"]
+        dims = ["d", "h", "w"][3 - nd :]
+        body = self.pool_body(info)
         sizes = [f"int64_t I{d.upper()}" for d in dims] + [f"int64_t O{d.upper()}" for d in dims]
         window_size = 1
         for kk in pool.attrs.get("kernel", [2] * nd):
             window_size *= kk
-        lines += [
+        lines = [
+            *self.operand_setup(info),
             f"at::parallel_for(0, total, std::max<int64_t>(1, {self.grain} / {max(window_size, 1)}), "
             "[&](int64_t begin, int64_t end) {",
             "  for (int64_t o = begin; o < end; ++o) {",
@@ -402,7 +403,7 @@ class CpuKernels:
             "});",
         ]
         params = self.params(info, ["int64_t total", *sizes])
-        return self.function(k.name, params, lines, f"{fn}: {', '.join(k.origins)}")
+        return self.function(k.name, params, lines, f"{pool.fn}: {', '.join(k.origins)}")
 
     # ---- launches ---------------------------------------------------------------------------------------
     def launch(self, info: KernelInfo, host: Host) -> list[str]:
@@ -489,6 +490,7 @@ def emit(program: Program, variant: Variant, ext_name: str) -> tuple[str, list[s
             "namespace {",
             "",
             "\n\n".join(kernels.functions),
+            *([rnn.cpu_helper()] if "lstm" in host.helpers else []),
             "",
             "}  // namespace",
             "",

@@ -466,7 +466,21 @@ def schedule(graph: Graph, variant: Variant, plan: plan_pb2.Plan | None = None) 
             steps.append(Step(kernel=by_root[op.out]))
         elif op.kind in (VIEW, LIB, HOST) or op.kind not in (EW, REDUCE, POOL, INPUT, PARAM):
             steps.append(Step(op=op))
+    _check_inplace(steps)
     return Program(graph, steps, kernels, collect_attrs(graph))
+
+
+def _check_inplace(steps: list[Step]) -> None:
+    """An epilogue may overwrite a library result only if nothing later still reads that buffer."""
+    for i, step in enumerate(steps):
+        k = step.kernel
+        if k is None or not k.inplace:
+            continue
+        for later in steps[i + 1 :]:
+            reads = [o.id for o in later.kernel.operands] if later.kernel else later.op.refs() if later.op else []
+            if k.inplace in reads:
+                k.inplace = ""
+                break
 
 
 __all__ = ["Const", "Kernel", "Operand", "Program", "Step", "schedule"]

@@ -205,9 +205,10 @@ def build_source(
         call_args += [attribute_expr(path) for path in graph.params.values()]
         call_args += [attribute_expr(a.path) for a in attrs]
         signature = ast.unparse(ref.forward.args)
+        returns = f" -> {ast.unparse(ref.forward.returns)}" if ref.forward.returns is not None else ""
         fwd = "\n".join(
             [
-                f"    def forward({signature}):",
+                f"    def forward({signature}){returns}:",
                 "        # All the work happens in the extension's fused kernels.",
                 f"        return ext.forward({', '.join(call_args)})",
             ]

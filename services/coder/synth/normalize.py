@@ -83,6 +83,8 @@ class Normalizer:
         self._fresh = 0
         # fx node name -> the IR value its lowering produced (when they differ).
         self.alias: dict[str, str] = {}
+        # Results the lowering does not produce (an LSTM's final states): an error only if used.
+        self.unavailable: dict[str, str] = {}
 
     # ---- helpers -------------------------------------------------------------------------------
     def fresh(self, origin: str) -> str:
@@ -138,6 +140,9 @@ class Normalizer:
     def node_args(self, node: TracedNode) -> tuple[list[Any], dict[str, Any]]:
         args = [self.arg(node, a, f"args.{i}") for i, a in enumerate(node.args)]
         kwargs = {k: self.arg(node, v, f"kwargs.{k}") for k, v in node.kwargs.items()}
+        for a in [*args, *kwargs.values()]:
+            if isinstance(a, Ref) and a.id in self.unavailable:
+                raise Unsupported(f"{node.name}: uses {self.unavailable[a.id]}")
         return args, kwargs
 
     def value(self, a: Any) -> Value | None:
@@ -359,7 +364,12 @@ class Normalizer:
             producer = self.g.producer.get(src.id)
             index = self.literal(args[1])
             if producer is not None and producer.fn == "tuple" and isinstance(index, int):
-                self.alias[node.name] = producer.args[index].id
+                item = producer.args[index]
+                if isinstance(item, Ref):
+                    self.alias[node.name] = item.id
+                else:
+                    self.g.add_value(Value(node.name, "none"))
+                    self.unavailable[node.name] = str(item)
                 return None
             ident = node.name
             self.g.add_value(self.meta_value(ident, node.meta))
@@ -937,6 +947,38 @@ class Normalizer:
         self.g.add_op(Op(VIEW, fn, ident, [args[0]], attrs, origin=node.name))
         return Ref(ident)
 
+    def _list_view(self, node: TracedNode, fn: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+        """chunk/split/unbind: a host-side list of views; getitem picks one."""
+        if node.meta.get("kind") != "list":
+            raise Unsupported(f"{node.name}: {fn} did not return a list")
+        self.g.add_value(Value(node.name, "list", const=node.meta.get("items")))
+        self.g.add_op(Op(VIEW, fn, node.name, [args[0]], {"args": args[1:], "kwargs": kwargs}, origin=node.name))
+
+    def fn_chunk(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> None:
+        self._list_view(node, "chunk", args, kwargs)
+
+    def fn_split(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> None:
+        self._list_view(node, "split", args, kwargs)
+
+    def fn_unbind(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> None:
+        self._list_view(node, "unbind", args, kwargs)
+
+    def fn_scaled_dot_product_attention(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"]
+        got = dict(zip(names, args, strict=False)) | kwargs
+        if self.literal(got.get("dropout_p", Const(0.0))):
+            raise Unsupported(f"{node.name}: attention dropout is random")
+        if got.get("enable_gqa") is not None and self.literal(got["enable_gqa"]):
+            raise Unsupported(f"{node.name}: grouped-query attention")
+        mask = got.get("attn_mask")
+        attrs = {
+            "is_causal": bool(self.literal(got.get("is_causal", Const(False)))),
+            "scale": self.literal(got["scale"]) if got.get("scale") is not None else None,
+            "mask": mask is not None,
+        }
+        operands = [got["query"], got["key"], got["value"]] + ([mask] if mask is not None else [])
+        return self.lib("sdpa", operands, attrs, node)
+
     def lower_view_call(self, node: TracedNode, name: str, args: list[Any], kwargs: dict[str, Any]) -> Ref:
         return self._view(node, name, args, kwargs)
 
@@ -1049,6 +1091,9 @@ class Normalizer:
             got = {"output_size": a.get("output_size"), "return_indices": a.get("return_indices")}
             self.define(node, self.pool(node, fn, x, self.pool_attrs(fn, got)))
             return
+        if cls == "LSTM":
+            self.lower_lstm(node, x, args)
+            return
         if cls == "Flatten":
             self.define(
                 node,
@@ -1061,6 +1106,34 @@ class Normalizer:
             )
             return
         raise Unsupported(f"{node.name}: module {cls} has no lowering")
+
+    def lower_lstm(self, node: TracedNode, x: Ref, args: list[Any]) -> None:
+        """nn.LSTM: per layer one library GEMM for every step's input projection, then per time step a
+        library GEMM for the recurrent term and a custom fused cell kernel (gates, c and h updates)."""
+        mod = node.module or {}
+        a = mod.get("attrs", {})
+        if len(args) > 1:
+            raise Unsupported(f"{node.name}: LSTM with an initial state")
+        if a.get("bidirectional") or a.get("proj_size", 0) or (a.get("dropout", 0) and mod.get("training")):
+            raise Unsupported(f"{node.name}: bidirectional, projected or dropout LSTM")
+        layers, bias = int(a["num_layers"]), bool(a.get("bias", True))
+        weights = []
+        for layer in range(layers):
+            for name in ("weight_ih", "weight_hh") + (("bias_ih", "bias_hh") if bias else ()):
+                ref = self.module_param(node, f"{name}_l{layer}")
+                if ref is None:
+                    raise Unsupported(f"{node.name}: LSTM parameter {name}_l{layer} missing")
+                weights.append(ref)
+        items = node.meta.get("items") or []
+        out_meta = items[0] if items else None
+        if not out_meta or out_meta.get("kind") != "tensor":
+            raise Unsupported(f"{node.name}: unexpected LSTM result")
+        out = self.meta_value(node.name + "_out", out_meta)
+        self.g.add_value(out)
+        attrs = {"layers": layers, "bias": bias, "hidden": int(a["hidden_size"]), "batch_first": bool(a.get("batch_first"))}
+        self.g.add_op(Op(LIB, "lstm", out.id, [x, *weights], attrs, origin=node.name))
+        self.g.add_value(Value(node.name, "list", const=[out.id, None]))
+        self.g.add_op(Op(HOST, "tuple", node.name, [Ref(out.id), "the LSTM's final (h, c) states"], origin=node.name))
 
 
 def _install_view_handlers() -> None:

@@ -11,8 +11,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import common  # noqa: E402
-import wire  # noqa: E402
+import common
+import wire
 
 
 def main() -> None:
@@ -36,7 +36,9 @@ def main() -> None:
         )
     except BaseException as exc:
         text = f"{type(exc).__name__}: {exc}"
-        wire.write_frame(out, {"kind": "build", "ok": False, "error": text[-60000:], "seconds": common.now() - t0})
+        wire.write_frame(
+            out, {"kind": "build", "ok": False, "error": text[-60000:], "seconds": common.now() - t0}
+        )
         common.exit_now(out, 3)
     so = os.path.join(header["build_dir"], header["name"] + ".so")
     wire.write_frame(out, {"kind": "build", "ok": os.path.isfile(so), "so": so, "seconds": common.now() - t0})

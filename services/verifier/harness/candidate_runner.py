@@ -22,11 +22,24 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import common  # noqa: E402
-import wire  # noqa: E402
+import common
+import wire
 
 HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
-TOOLCHAIN = {"ninja", "nvcc", "ptxas", "c++", "g++", "gcc", "cc", "file", "ldconfig", "cicc", "fatbinary", "nvlink"}
+TOOLCHAIN = {
+    "ninja",
+    "nvcc",
+    "ptxas",
+    "c++",
+    "g++",
+    "gcc",
+    "cc",
+    "file",
+    "ldconfig",
+    "cicc",
+    "fatbinary",
+    "nvlink",
+}
 NETWORK_EVENTS = {
     "socket.__new__",
     "socket.connect",
@@ -55,7 +68,16 @@ PROCESS_EVENTS = {
 SCAN_EVENTS = {"os.listdir", "os.scandir", "glob.glob", "glob.glob/2", "os.walk"}
 GC_EVENTS = {"gc.get_objects", "gc.get_referrers", "gc.get_referents"}
 FRAME_EVENTS = {"sys._getframe", "sys._current_frames", "sys._getframemodulename"}
-FRAME_ATTRS = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back", "f_locals", "f_globals", "f_builtins"}
+FRAME_ATTRS = {
+    "tb_frame",
+    "gi_frame",
+    "cr_frame",
+    "ag_frame",
+    "f_back",
+    "f_locals",
+    "f_globals",
+    "f_builtins",
+}
 CTYPES_EVENTS = {
     "ctypes.dlopen",
     "ctypes.dlsym",
@@ -74,7 +96,14 @@ WATCH = frozenset(
     | GC_EVENTS
     | FRAME_EVENTS
     | CTYPES_EVENTS
-    | {"open", "object.__getattr__", "object.__setattr__", "object.__delattr__", "sys.settrace", "sys.setprofile"}
+    | {
+        "open",
+        "object.__getattr__",
+        "object.__setattr__",
+        "object.__delattr__",
+        "sys.settrace",
+        "sys.setprofile",
+    }
 )
 
 
@@ -86,16 +115,25 @@ class Fault(Exception):
 
 
 class Findings:
+    """Findings of this run; rejects are also sent at once, so a later crash cannot swallow them."""
+
     def __init__(self) -> None:
         self.items: list[dict[str, str]] = []
         self._seen: set[tuple[str, str]] = set()
+        self.live: Any = None
 
     def add(self, rule: str, severity: str, detail: str, where: str = "") -> None:
         key = (rule, detail[:120])
         if key in self._seen or len(self.items) >= 80:
             return
         self._seen.add(key)
-        self.items.append({"rule": rule, "severity": severity, "detail": detail[:500], "where": where[:200]})
+        item = {"rule": rule, "severity": severity, "detail": detail[:500], "where": where[:200]}
+        self.items.append(item)
+        if self.live is not None and severity == "REJECT":
+            try:
+                self.live(item)
+            except Exception:
+                pass
 
 
 # --- global state and identity (D8) ---------------------------------------------------------------
@@ -186,7 +224,9 @@ def watched_functions(torch: Any) -> dict[str, Any]:
 def diff_state(before: dict[str, str], after: dict[str, str], when: str, findings: Findings) -> None:
     for name, value in before.items():
         if after.get(name) != value:
-            findings.add("D8.state-changed", "REJECT", f"{name} changed from {value} to {after.get(name)}", when)
+            findings.add(
+                "D8.state-changed", "REJECT", f"{name} changed from {value} to {after.get(name)}", when
+            )
 
 
 def diff_functions(before: dict[str, Any], after: dict[str, Any], when: str, findings: Findings) -> None:
@@ -212,8 +252,8 @@ class Auditor:
 
         stdlib = os.path.dirname(os.__file__)
         self.stdlib = stdlib
-        self.read_ok = tuple(
-            {
+        self.read_ok = (
+            *{
                 os.path.realpath(p) + os.sep
                 for p in [
                     sys.prefix,
@@ -227,13 +267,31 @@ class Auditor:
                     *site.getsitepackages(),
                 ]
                 if p
-            }
-        ) + ("/usr/", "/lib/", "/lib64/", "/etc/", "/dev/", "/sys/", "/proc/self/", "/proc/driver/", "/opt/")
+            },
+            *(
+                "/usr/",
+                "/lib/",
+                "/lib64/",
+                "/etc/",
+                "/dev/",
+                "/sys/",
+                "/proc/self/",
+                "/proc/driver/",
+                "/opt/",
+            ),
+        )
         self.scan_ok = tuple(
             {
                 os.path.realpath(p) + os.sep
-                for p in [sys.prefix, sys.base_prefix, stdlib, roots["cand"], roots["ext"], roots["work"]]
-                + site.getsitepackages()
+                for p in [
+                    sys.prefix,
+                    sys.base_prefix,
+                    stdlib,
+                    roots["cand"],
+                    roots["ext"],
+                    roots["work"],
+                    *site.getsitepackages(),
+                ]
             }
         )
         self.write_ok = (os.path.realpath(roots["work"]) + os.sep, "/dev/null", "/dev/shm/")
@@ -262,7 +320,9 @@ class Auditor:
         depth = 0
         while frame is not None and depth < 200:
             path = frame.f_code.co_filename
-            if not innermost and not path.startswith(self.stdlib) and not path.startswith("<frozen"):
+            library = "site-packages" in path or "dist-packages" in path
+            in_stdlib = (path.startswith(self.stdlib) and not library) or path.startswith("<frozen")
+            if not innermost and not in_stdlib:
                 innermost = path
             if path.startswith(self.candidate_roots):
                 on_stack = True
@@ -309,10 +369,12 @@ class Auditor:
             if writing and not (path + os.sep).startswith(self.write_ok) and path != "/dev/null":
                 self.findings.add("D9.file-write", "REJECT", f"tried to write {path}", where)
                 raise PermissionError(f"writing {path} is not allowed in the verifier sandbox")
-            if path.startswith("/proc/self/fd") or path.startswith("/proc/self/mem"):
+            if path.startswith(("/proc/self/fd", "/proc/self/mem")):
                 self.findings.add("D9.file-read", "REJECT", f"opened {path}", where)
             elif not (path + os.sep).startswith(self.read_ok) and not path.startswith(self.read_ok):
-                self.findings.add("D9.file-read", "REJECT", f"opened {path} (outside the allowed paths)", where)
+                self.findings.add(
+                    "D9.file-read", "REJECT", f"opened {path} (outside the allowed paths)", where
+                )
             return
         if event in SCAN_EVENTS:
             on_stack, _ = self._stack()
@@ -332,7 +394,9 @@ class Auditor:
             if on_stack and inner.startswith(self.candidate_roots):
                 self.findings.add("D9.ctypes", "REJECT", f"used ctypes ({event})", where)
             return
-        if event in FRAME_EVENTS or (event == "object.__getattr__" and len(args) > 1 and args[1] in FRAME_ATTRS):
+        if event in FRAME_EVENTS or (
+            event == "object.__getattr__" and len(args) > 1 and args[1] in FRAME_ATTRS
+        ):
             if not self.steady:
                 return
             _, inner = self._stack()
@@ -343,12 +407,21 @@ class Auditor:
         if event in ("object.__setattr__", "object.__delattr__") and args:
             target = args[0]
             owner = getattr(target, "__module__", "") or ""
-            if isinstance(target, type) and owner.split(".")[0] in ("torch", "time", "builtins", "common", "wire"):
+            if isinstance(target, type) and owner.split(".")[0] in (
+                "torch",
+                "time",
+                "builtins",
+                "common",
+                "wire",
+            ):
                 on_stack, _ = self._stack()
                 if on_stack:
                     name = args[1] if len(args) > 1 else "?"
                     self.findings.add(
-                        "D8.patch", "REJECT", f"patched {owner}.{getattr(target, '__name__', '?')}.{name}", where
+                        "D8.patch",
+                        "REJECT",
+                        f"patched {owner}.{getattr(target, '__name__', '?')}.{name}",
+                        where,
                     )
             return
         if event in ("sys.settrace", "sys.setprofile"):
@@ -379,20 +452,26 @@ def check_outputs(
     where: str,
 ) -> None:
     input_ranges = [r for x in inputs if isinstance(x, torch.Tensor) and (r := storage_range(x))]
-    alive_ranges = [r for prev in alive for o in prev if isinstance(o, torch.Tensor) and (r := storage_range(o))]
+    alive_ranges = [
+        r for prev in alive for o in prev if isinstance(o, torch.Tensor) and (r := storage_range(o))
+    ]
     for idx, o in enumerate(outs):
         label = f"{where} output {idx}"
         if not isinstance(o, torch.Tensor):
             continue
         if type(o) is not torch.Tensor:
-            findings.add("D5.tensor-subclass", "REJECT", f"output is a {type(o).__name__}, not a plain tensor", label)
+            findings.add(
+                "D5.tensor-subclass", "REJECT", f"output is a {type(o).__name__}, not a plain tensor", label
+            )
             continue
         rng = storage_range(o)
         if rng is None:
             findings.add("D5.no-storage", "REJECT", "output has no real storage", label)
             continue
         if any(s == 0 and d > 1 for s, d in zip(o.stride(), o.shape, strict=True)):
-            findings.add("D5.stride0", "REJECT", f"output is a broadcast view (strides {tuple(o.stride())})", label)
+            findings.add(
+                "D5.stride0", "REJECT", f"output is a broadcast view (strides {tuple(o.stride())})", label
+            )
         if o.device.type != device:
             findings.add("D5.device", "REJECT", f"output is on {o.device}, expected {device}", label)
         if not o.is_contiguous():
@@ -402,7 +481,10 @@ def check_outputs(
                 findings.add("D5.aliases-input", "REJECT", "output shares memory with an input", label)
             if any(rng[0] < hi and lo < rng[1] for lo, hi in alive_ranges):
                 findings.add(
-                    "D5.aliases-output", "REJECT", "output shares memory with an earlier output that is still alive", label
+                    "D5.aliases-output",
+                    "REJECT",
+                    "output shares memory with an earlier output that is still alive",
+                    label,
                 )
 
 
@@ -416,7 +498,7 @@ def os_threads() -> int:
 # --- main -----------------------------------------------------------------------------------------
 
 
-def main() -> None:  # noqa: C901
+def main() -> None:
     _args, job_file, out = common.start("StitchCUDA candidate runner")
     header, payload = common.read_job(job_file)
     write_frame, dumps = wire.write_frame, wire.dumps
@@ -428,7 +510,12 @@ def main() -> None:  # noqa: C901
         common.same_bits,
         common.refill,
     )
-    send = lambda h, p=b"": write_frame(out, h, p)  # noqa: E731
+    channel_lock = threading.Lock()
+
+    def send(head: dict[str, Any], blob: bytes = b"") -> None:
+        with channel_lock:
+            write_frame(out, head, blob)
+
     device = header["device"]
     roots = {"cand": header["cand_dir"], "ext": header["ext_dir"], "work": header["work_dir"]}
     cand_roots = (roots["cand"], roots["ext"])
@@ -437,7 +524,9 @@ def main() -> None:  # noqa: C901
     import torch
 
     if device == "cuda" and not torch.cuda.is_available():
-        send({"kind": "fault", "stage": "device", "error": "torch.cuda.is_available() is False in the sandbox"})
+        send(
+            {"kind": "fault", "stage": "device", "error": "torch.cuda.is_available() is False in the sandbox"}
+        )
         exit_now(out, 4)
     if header.get("threads"):
         torch.set_num_threads(int(header["threads"]))
@@ -475,6 +564,7 @@ def main() -> None:  # noqa: C901
     py_threads_before = {t.ident for t in threading.enumerate()}
     os_threads_before = os_threads()
 
+    findings.live = lambda item: send({"kind": "finding", **item})
     auditor = Auditor(findings, roots)
     sys.addaudithook(auditor.hook)
     stage = "import"
@@ -504,7 +594,9 @@ def main() -> None:  # noqa: C901
         ext = importlib.import_module(header["ext_name"])
         wrap_extension(ext, token, custom_calls, prof_on, record_function)
         sys.path.insert(1, roots["cand"])
-        spec = importlib.util.spec_from_file_location("model_new", os.path.join(roots["cand"], header["entry"]))
+        spec = importlib.util.spec_from_file_location(
+            "model_new", os.path.join(roots["cand"], header["entry"])
+        )
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules["model_new"] = module
@@ -530,7 +622,11 @@ def main() -> None:  # noqa: C901
             with no_grad():
                 for key, value in data["state"].items():
                     mine = own.get(key)
-                    if isinstance(mine, tensor_cls) and mine.shape == value.shape and mine.dtype == value.dtype:
+                    if (
+                        isinstance(mine, tensor_cls)
+                        and mine.shape == value.shape
+                        and mine.dtype == value.dtype
+                    ):
                         mine.copy_(value.to(mine.device))
         torch.manual_seed(int.from_bytes(os.urandom(7), "big"))
         return model
@@ -581,7 +677,9 @@ def main() -> None:  # noqa: C901
         return seen
 
     def record(name: str, set_name: str, outs: list[Any], **extra: Any) -> None:
-        send({"kind": "output", "name": name, "set": set_name, "call": calls[0], **extra}, dumps(to_cpu(outs)))
+        send(
+            {"kind": "output", "name": name, "set": set_name, "call": calls[0], **extra}, dumps(to_cpu(outs))
+        )
 
     try:
         auditor.phase = "first-call"
@@ -612,7 +710,9 @@ def main() -> None:  # noqa: C901
                 model(*pool[i % len(pool)])
         sync()
         calls[0] += int(header["warmup"])
-        picks = sorted({int.from_bytes(os.urandom(4), "big") % iterations for _ in range(2)} | {iterations - 1})
+        picks = sorted(
+            {int.from_bytes(os.urandom(4), "big") % iterations for _ in range(2)} | {iterations - 1}
+        )
         kept: dict[int, list[Any]] = {}
         per_call_custom: list[int] = []
         previous: list[list[Any]] = []
@@ -639,7 +739,9 @@ def main() -> None:  # noqa: C901
         for i, name in enumerate(header["pool"]):
             for j, (x, orig) in enumerate(zip(pool[i], sets[name], strict=True)):
                 if isinstance(x, tensor_cls) and not same_bits(x.cpu(), orig):
-                    findings.add("D5.input-mutated", "REJECT", f"input {j} was modified during timing", "timed loop")
+                    findings.add(
+                        "D5.input-mutated", "REJECT", f"input {j} was modified during timing", "timed loop"
+                    )
         send(
             {
                 "kind": "timing",
@@ -652,6 +754,8 @@ def main() -> None:  # noqa: C901
         for i, outs in sorted(kept.items()):
             record(f"timed[{i}]", header["pool"][i % len(pool)], outs)
         kept.clear()
+
+        grown = os_threads() - os_threads_before  # before the profiler starts its own threads
 
         # Late recheck (D2b): same buffers refilled after many calls.
         late = header.get("late")
@@ -719,10 +823,16 @@ def main() -> None:  # noqa: C901
     new_threads = [t for t in threading.enumerate() if t.ident not in py_threads_before and t.is_alive()]
     if new_threads:
         names = ", ".join(sorted(t.name for t in new_threads))[:200]
-        findings.add("D9.threads", "REJECT", f"{len(new_threads)} Python thread(s) still running: {names}", "after the run")
-    grown = os_threads() - os_threads_before
+        findings.add(
+            "D9.threads",
+            "REJECT",
+            f"{len(new_threads)} Python thread(s) still running: {names}",
+            "after the run",
+        )
     if grown > 0:
-        findings.add("D9.os-threads", "WARNING", f"{grown} more OS threads than before the import", "after the run")
+        findings.add(
+            "D9.os-threads", "WARNING", f"{grown} more OS threads than before the import", "after timing"
+        )
     mem: dict[str, Any] = {"kind": "memory"}
     if device == "cuda":
         mem["peak_extra"] = max(0, torch.cuda.max_memory_allocated() - base_mem)
@@ -733,7 +843,9 @@ def main() -> None:  # noqa: C901
     exit_now(out, 0)
 
 
-def wrap_extension(ext: Any, token: str, counter: list[int], prof_on: list[bool], record_function: Any) -> None:
+def wrap_extension(
+    ext: Any, token: str, counter: list[int], prof_on: list[bool], record_function: Any
+) -> None:
     """Counts calls into the extension and marks them in the profile (CPU-side kernel accounting)."""
     for attr in dir(ext):
         if attr.startswith("__"):

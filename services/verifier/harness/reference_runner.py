@@ -17,8 +17,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import common  # noqa: E402
-import wire  # noqa: E402
+import common
+import wire
 
 
 class StageError(Exception):
@@ -43,7 +43,13 @@ def main() -> None:
         torch.set_num_threads(int(header["threads"]))
     send = lambda h, p=b"": wire.write_frame(out, h, p)  # noqa: E731
     if device == "cuda" and not torch.cuda.is_available():
-        send({"kind": "error", "stage": "device", "message": "torch.cuda.is_available() is False in the sandbox"})
+        send(
+            {
+                "kind": "error",
+                "stage": "device",
+                "message": "torch.cuda.is_available() is False in the sandbox",
+            }
+        )
         common.exit_now(out, 4)
     send({"kind": "info", **common.environment(device)})
     try:
@@ -191,7 +197,9 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
         blob = wire.dumps({"init_inputs": init_inputs, "state": state})
         wire.loads(blob)
     except Exception as exc:
-        raise StageError("init-inputs", ValueError(f"init inputs or parameters cannot be sent: {exc}")) from exc
+        raise StageError(
+            "init-inputs", ValueError(f"init inputs or parameters cannot be sent: {exc}")
+        ) from exc
     param_bytes = sum(v.numel() * v.element_size() for v in state.values())
     send({"kind": "problem", "param_bytes": param_bytes}, blob)
 
@@ -225,7 +233,9 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
             if not worst <= 1e-5:
                 raise StageError(
                     "determinism",
-                    RuntimeError(f"the reference gives different outputs for the same inputs (rel {worst:.2e})"),
+                    RuntimeError(
+                        f"the reference gives different outputs for the same inputs (rel {worst:.2e})"
+                    ),
                 )
         ref64, note = None, ""
         if model64 is not None:
@@ -249,7 +259,9 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
         reference_offshape(module, model, init_inputs, offshape, header, device, send)
 
     pool = [common.to_device(made[n], device) for n in header["pool"] if n in made]
-    send({"kind": "cost", **cost(model, made[header["sets"][0]["name"]], first_out or [], param_bytes, device)})
+    send(
+        {"kind": "cost", **cost(model, made[header["sets"][0]["name"]], first_out or [], param_bytes, device)}
+    )
     clock = common.Clock(device)
     timing: dict[str, Any] = {"kind": "timing"}
     timing["eager"] = time_model(model, pool, header, clock)
@@ -318,19 +330,29 @@ def reference_offshape(
             wire.dumps({"inputs": items, "ref32": ref32, "ref64": ref64, "init_inputs": new_init}),
         )
     except Exception as exc:
-        send({"kind": "set", "name": spec["name"], "skipped": f"reference fails off-shape: {common.error_line(exc)}"})
+        send(
+            {
+                "kind": "set",
+                "name": spec["name"],
+                "skipped": f"reference fails off-shape: {common.error_line(exc)}",
+            }
+        )
     finally:
         for k, v in old.items():
             setattr(module, k, v)
 
 
-def time_model(model: Any, pool: list[list[Any]], header: dict[str, Any], clock: common.Clock) -> dict[str, Any]:
+def time_model(
+    model: Any, pool: list[list[Any]], header: dict[str, Any], clock: common.Clock
+) -> dict[str, Any]:
     import torch
 
     with torch.no_grad():
         for i in range(int(header["warmup"])):
             model(*pool[i % len(pool)])
-        device_ms, wall_ms = clock.time_calls(lambda i: model(*pool[i % len(pool)]), int(header["iterations"]))
+        device_ms, wall_ms = clock.time_calls(
+            lambda i: model(*pool[i % len(pool)]), int(header["iterations"])
+        )
     return {"device": common.stats(device_ms), "wall": common.stats(wall_ms)}
 
 

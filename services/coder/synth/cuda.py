@@ -1,0 +1,774 @@
+"""The CUDA back end: grid-stride kernels with float4 accesses, warp-shuffle block reductions,
+__launch_bounds__, launched on the caller's stream; library calls (cuBLAS/cuDNN through ATen) stay in
+the host code with their epilogues fused into these kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from stitchcuda.coder.synth.codegen import (
+    CTYPE,
+    Host,
+    KernelInfo,
+    Scope,
+    acc_combine,
+    acc_final,
+    acc_init,
+    acc_type,
+    acc_update,
+    local_var,
+    tensor_var,
+)
+from stitchcuda.coder.synth.cpu import indent, launch_lines
+from stitchcuda.coder.synth.fusion import Program
+from stitchcuda.coder.synth.ir import Attr, Ref, Unsupported
+from stitchcuda.coder.synth import rnn
+from stitchcuda.coder.synth.runtime import HEADER_NAME
+from stitchcuda.coder.synth.variants import Variant
+
+CFLAGS = ["-O3", "-std=c++17"]
+CUDA_CFLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo"]
+LDFLAGS: list[str] = []
+
+DEVICE_HELPERS = r"""
+// ---- device helpers: warp-shuffle block reductions ----
+__device__ __forceinline__ float shfl_xor(float v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+__device__ __forceinline__ double shfl_xor(double v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+__device__ __forceinline__ stitch::ArgAcc shfl_xor(stitch::ArgAcc v, int o) {
+  stitch::ArgAcc r;
+  r.v = __shfl_xor_sync(0xffffffffu, v.v, o);
+  r.i = __shfl_xor_sync(0xffffffffu, v.i, o);
+  return r;
+}
+
+// Every thread of the block gets the combined value. `smem` holds one slot per warp (32 slots).
+template <typename T, typename F>
+__device__ __forceinline__ T block_allreduce(T v, F combine, T* smem) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = combine(v, shfl_xor(v, o));
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int nwarps = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  T total = smem[0];
+  for (int w = 1; w < nwarps; ++w) total = combine(total, smem[w]);
+  return total;
+}
+
+__device__ __forceinline__ float lane4(const float4& f, int l) {
+  return l == 0 ? f.x : (l == 1 ? f.y : (l == 2 ? f.z : f.w));
+}
+
+inline int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+inline int pow2_at_least(int64_t x, int lo, int hi) {
+  int t = lo;
+  while (t < hi && t < x) t <<= 1;
+  return t;
+}
+"""
+
+
+class CudaKernels:
+    def __init__(self, program: Program, variant: Variant) -> None:
+        self.p = program
+        self.g = program.graph
+        self.variant = variant
+        self.block = int(variant.block)
+        self.row_block = int(variant.row_block)
+        self.vec_allowed = variant.vec == "4"
+        self.functions: list[str] = []
+
+    # ---- shared pieces -------------------------------------------------------------------------------
+    def scalar_fn(self, info: KernelInfo) -> Callable[[Any], str]:
+        keys = [key for _, key in info.scalars]
+
+        def scalar(a: Any) -> str:
+            if isinstance(a, Attr):
+                return f"s{keys.index('attr:' + a.path)}"
+            if isinstance(a, Ref):
+                return f"s{keys.index('host:' + a.id)}"
+            raise Unsupported(f"scalar {a!r}")
+
+        return scalar
+
+    def kernel_params(self, info: KernelInfo, extra: list[str]) -> list[str]:
+        k = info.kernel
+        out = []
+        for i, o in enumerate(info.operands):
+            ctype = CTYPE[self.g.values[o.id].dtype]
+            restrict = "" if o.id == k.inplace else " __restrict__"
+            out.append(f"const {ctype}*{restrict} in{i}")
+        root_ctype = CTYPE[self.g.values[k.root].dtype]
+        out.append(f"{root_ctype}*{'' if k.inplace else ' __restrict__'} out")
+        out.append(f"const {k.name}_descs D")
+        out.extend(extra)
+        out.extend(f"float s{i}" for i in range(len(info.scalars)))
+        return out
+
+    def call_args(self, info: KernelInfo, extra: list[str]) -> list[str]:
+        args = [f"in{i}" for i in range(len(info.operands))] + ["out", "D", *extra]
+        return args + [f"s{i}" for i in range(len(info.scalars))]
+
+    def launcher_params(self, info: KernelInfo, extra: list[str]) -> list[str]:
+        k = info.kernel
+        out = []
+        for i, o in enumerate(info.operands):
+            out.append(f"const {CTYPE[self.g.values[o.id].dtype]}* in{i}")
+        out.append(f"{CTYPE[self.g.values[k.root].dtype]}* out")
+        out.append("const stitch::Desc* descs")
+        out.extend(extra)
+        out.extend(f"float s{i}" for i in range(len(info.scalars)))
+        return out
+
+    def desc_struct(self, info: KernelInfo) -> list[str]:
+        k = info.kernel
+        n = max(len(info.general), 1)
+        return [f"struct {k.name}_descs {{", f"  stitch::Desc d[{n}];", "};"]
+
+    def desc_fill(self, info: KernelInfo) -> list[str]:
+        k = info.kernel
+        return [
+            f"{k.name}_descs D{{}};",
+            f"for (int j = 0; j < {len(info.general)}; ++j) D.d[j] = descs[j];",
+        ]
+
+    def slot(self, info: KernelInfo, i: int) -> int:
+        return info.general.index(i)
+
+    def scalar_setup(self, info: KernelInfo) -> list[str]:
+        return [
+            f"const {CTYPE[self.g.values[o.id].dtype]} z{i} = in{i}[0];"
+            for i, o in enumerate(info.operands)
+            if o.access == "scalar"
+        ]
+
+    def vectorizable(self, info: KernelInfo) -> bool:
+        if not self.vec_allowed or self.g.values[info.kernel.root].dtype != "float32":
+            return False
+        return all(self.g.values[o.id].dtype == "float32" for o in info.operands if o.access == "contig")
+
+    def contig_ptrs(self, info: KernelInfo) -> list[str]:
+        return [f"in{i}" for i, o in enumerate(info.operands) if o.access == "contig"]
+
+    # ---- pointwise -------------------------------------------------------------------------------------
+    def pointwise(self, info: KernelInfo) -> str:
+        k = info.kernel
+        index = {o.id: i for i, o in enumerate(info.operands)}
+        general = info.general
+        vec_ok = self.vectorizable(info)
+
+        def body(vector: bool) -> list[str]:
+            def load(ident: str) -> str:
+                i = index[ident]
+                acc = info.operands[i].access
+                if acc == "scalar":
+                    return f"z{i}"
+                if acc == "contig":
+                    return f"lane4(f{i}, l)" if vector else f"in{i}[i]"
+                return f"in{i}[b{i} + static_cast<int64_t>(c) * cs{i}]"
+
+            scope = Scope(self.g, info.ops, self.scalar_fn(info), load)
+            value = scope.need(k.root)
+            return [*scope.lines, f"res[l] = {value};"]
+
+        bases = [f"const int64_t b{i} = stitch::row_off<I>(D.d[{self.slot(info, i)}], r);" for i in general]
+        strides = [
+            f"const int64_t cs{i} = D.d[{self.slot(info, i)}].nc ? D.d[{self.slot(info, i)}].cstr[0] : 0;"
+            for i in general
+        ]
+        root_ctype = CTYPE[self.g.values[k.root].dtype]
+        vec_loads = [
+            f"const float4 f{i} = reinterpret_cast<const float4*>(in{i})[v];"
+            for i, o in enumerate(info.operands)
+            if o.access == "contig"
+        ]
+        row_of = ["const I r = i0 / cols;", "const I c0 = i0 - r * cols;", *bases] if general else []
+        vec_loop = [
+            "const I nvec = n / VEC;",
+            "for (I v = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; v < nvec;",
+            "     v += static_cast<I>(gridDim.x) * blockDim.x) {",
+            "  const I i0 = v * VEC;",
+            *indent(row_of, 2),
+            f"  {root_ctype} res[VEC];",
+            "  if constexpr (VEC == 4) {",
+            *indent(vec_loads, 4),
+            "#pragma unroll",
+            "    for (int l = 0; l < 4; ++l) {",
+            "      const I i = i0 + l;",
+            "      const I c = " + ("c0 + l;" if general else "0;"),
+            "      (void)i; (void)c;",
+            *indent(body(True), 6),
+            "    }",
+            "    reinterpret_cast<float4*>(out)[v] = make_float4(res[0], res[1], res[2], res[3]);",
+            "  } else {",
+            "    const int l = 0;",
+            "    const I i = i0;",
+            "    const I c = " + ("c0;" if general else "0;"),
+            "    (void)i; (void)c;",
+            *indent(body(False), 4),
+            "    out[i0] = res[0];",
+            "  }",
+            "}",
+        ]
+        tail_row = ["const I r = i / cols;", "const I c = i - r * cols;", *bases] if general else ["const I c = 0;"]
+        tail = [
+            "// Elements past the last full vector (flat contiguous case only).",
+            "for (I i = nvec * VEC + static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;",
+            "     i += static_cast<I>(gridDim.x) * blockDim.x) {",
+            *indent(tail_row, 2),
+            "  (void)c;",
+            f"  {root_ctype} res[1];",
+            "  const int l = 0;",
+            *indent(body(False), 2),
+            "  out[i] = res[0];",
+            "}",
+        ]
+        kernel_body = [*self.scalar_setup(info), *strides, *vec_loop, *tail]
+        params = self.kernel_params(info, ["const I n", "const I cols"])
+        kernel = [
+            *self.desc_struct(info),
+            "",
+            f"// {k.name}: pointwise over {', '.join(k.origins)}",
+            "template <int VEC, typename I>",
+            f"__global__ void __launch_bounds__({self.block}) {k.name}_kernel(",
+            "    " + ",\n    ".join(params) + ") {",
+            *indent(kernel_body, 2),
+            "}",
+        ]
+        block = self.block
+        align = " && ".join(f"aligned16({p})" for p in [*self.contig_ptrs(info), "out"])
+        vec_cond = f"{align} && (cols % 4 == 0 || {str(not general).lower()})" if vec_ok else "false"
+        launcher = [
+            f"static void {k.name}_launch(",
+            "    " + ",\n    ".join(self.launcher_params(info, ["int64_t n", "int64_t cols"])) + ") {",
+            *indent(self.desc_fill(info), 2),
+            "  if (n == 0) return;",
+            "  auto stream = at::cuda::getCurrentCUDAStream();",
+            f"  const bool vec4 = {vec_cond};",
+            "  const int64_t work = vec4 ? (n + 3) / 4 : n;",
+            f"  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((work + {block - 1}) / {block}, "
+            f"static_cast<int64_t>(sm_count()) * {max(2048 // block, 1)}));",
+            "  const bool small = n < (int64_t(1) << 31) - 1;",
+            "  if (vec4 && small)",
+            f"    {k.name}_kernel<4, int32_t><<<blocks, {block}, 0, stream>>>("
+            + ", ".join(self.call_args(info, ["static_cast<int32_t>(n)", "static_cast<int32_t>(cols)"])) + ");",
+            "  else if (vec4)",
+            f"    {k.name}_kernel<4, int64_t><<<blocks, {block}, 0, stream>>>({', '.join(self.call_args(info, ['n', 'cols']))});",
+            "  else if (small)",
+            f"    {k.name}_kernel<1, int32_t><<<blocks, {block}, 0, stream>>>("
+            + ", ".join(self.call_args(info, ["static_cast<int32_t>(n)", "static_cast<int32_t>(cols)"])) + ");",
+            "  else",
+            f"    {k.name}_kernel<1, int64_t><<<blocks, {block}, 0, stream>>>({', '.join(self.call_args(info, ['n', 'cols']))});",
+            "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
+            "}",
+        ]
+        return "\n".join([*kernel, "", *launcher])
+
+    # ---- row kernels -------------------------------------------------------------------------------------
+    def row(self, info: KernelInfo) -> str:
+        k = info.kernel
+        if not k.trailing:
+            return self.row_columns(info)
+        index = {o.id: i for i, o in enumerate(info.operands)}
+        scalar = self.scalar_fn(info)
+        vec_ok = self.vectorizable(info)
+
+        def element_load(vector: bool) -> Callable[[str], str]:
+            def load(ident: str) -> str:
+                i = index[ident]
+                acc = info.operands[i].access
+                if acc == "scalar":
+                    return f"z{i}"
+                if acc == "contig":
+                    return f"lane4(f{i}, l)" if vector else f"in{i}[r * cols + c]"
+                return f"in{i}[b{i} + stitch::col_off<int64_t>(D.d[{self.slot(info, i)}], c)]"
+
+            return load
+
+        def row_load(ident: str) -> str:
+            i = index[ident]
+            acc = info.operands[i].access
+            if acc == "scalar":
+                return f"z{i}"
+            if acc == "contig":
+                return f"in{i}[r * cols]"
+            return f"in{i}[b{i}]"
+
+        def bases() -> list[str]:
+            return [f"const int64_t b{i} = stitch::row_off<int64_t>(D.d[{self.slot(info, i)}], r);" for i in info.general]
+
+        accs = {r.op.out: acc_type(r.op.fn, self.variant.acc, default_double=False) for r in info.reductions}
+        vec_loads = [
+            f"const float4 f{i} = reinterpret_cast<const float4*>(in{i} + r * cols)[c0 / 4];"
+            for i, o in enumerate(info.operands)
+            if o.access == "contig"
+        ]
+
+        def column_loop(inner_lines: Callable[[bool], list[str]], c_begin: str, c_end: str) -> list[str]:
+            return [
+                "if constexpr (VEC == 4) {",
+                f"  for (int64_t c0 = {c_begin} + threadIdx.x * 4; c0 < {c_end}; c0 += blockDim.x * 4) {{",
+                *indent(vec_loads, 4),
+                "#pragma unroll",
+                "    for (int l = 0; l < 4; ++l) {",
+                "      const int64_t c = c0 + l;",
+                "      (void)c;",
+                *indent(inner_lines(True), 6),
+                "    }",
+                "  }",
+                "} else {",
+                f"  for (int64_t c = {c_begin} + threadIdx.x; c < {c_end}; c += blockDim.x) {{",
+                "    const int l = 0;",
+                "    (void)l;",
+                *indent(inner_lines(False), 4),
+                "  }",
+                "}",
+            ]
+
+        def row_section(scope: Scope, level: int) -> None:
+            for op in k.ops:
+                if op.kind == "ew" and info.row_level.get(op.out) and info.levels.get(op.out) == level:
+                    scope.need(op.out)
+
+        def element_pass(row_scope: Scope, level: int, c_begin: str, c_end: str, acc_map: dict[str, str]) -> list[str]:
+            reds = [r for r in info.reductions if r.level == level]
+            decls = [f"{acc_map[r.op.out]} a_{local_var(r.op.out)} = {acc_init(r.op.fn, acc_map[r.op.out])};" for r in reds]
+
+            def inner(vector: bool) -> list[str]:
+                sc = Scope(self.g, info.ops, scalar, element_load(vector), parent=row_scope)
+                ups = [
+                    acc_update(r.op.fn, acc_map[r.op.out], "a_" + local_var(r.op.out), sc.need(r.op.args[0].id), "c")
+                    for r in reds
+                ]
+                return [*sc.lines, *ups]
+
+            return [*decls, *column_loop(inner, c_begin, c_end)]
+
+        def reduce_block(level: int, acc_map: dict[str, str]) -> list[str]:
+            lines = []
+            for r in info.reductions:
+                if r.level != level:
+                    continue
+                name = "a_" + local_var(r.op.out)
+                acc = acc_map[r.op.out]
+                combine = acc_combine(r.op.fn, "x", "y")
+                lines.append(
+                    f"{name} = block_allreduce<{acc}>({name}, []({acc} x, {acc} y) {{ return {combine}; }}, "
+                    f"reinterpret_cast<{acc}*>(smem));"
+                )
+            return lines
+
+        def finalize(row_scope: Scope, level: int, acc_map: dict[str, str]) -> list[str]:
+            lines = []
+            for r in info.reductions:
+                if r.level != level:
+                    continue
+                name = local_var(r.op.out)
+                ctype = CTYPE[self.g.values[r.op.out].dtype]
+                lines.append(f"const {ctype} {name} = {acc_final(r.op.fn, acc_map[r.op.out], 'a_' + name, 'cols')};")
+                row_scope.names[r.op.out] = name
+            return lines
+
+        def store(row_scope: Scope) -> list[str]:
+            if k.root_level == "row":
+                return [f"if (threadIdx.x == 0) out[r] = {row_scope.need(k.root)};"]
+
+            def inner(vector: bool) -> list[str]:
+                sc = Scope(self.g, info.ops, scalar, element_load(vector), parent=row_scope)
+                value = sc.need(k.root)
+                if vector:
+                    return [*sc.lines, f"res[l] = {value};"]
+                return [*sc.lines, f"out[r * cols + c] = {value};"]
+
+            root_ctype = CTYPE[self.g.values[k.root].dtype]
+            return [
+                "if constexpr (VEC == 4) {",
+                "  for (int64_t c0 = threadIdx.x * 4; c0 < cols; c0 += blockDim.x * 4) {",
+                *indent(vec_loads, 4),
+                f"    {root_ctype} res[4];",
+                "#pragma unroll",
+                "    for (int l = 0; l < 4; ++l) {",
+                "      const int64_t c = c0 + l;",
+                "      (void)c;",
+                *indent(inner(True), 6),
+                "    }",
+                "    reinterpret_cast<float4*>(out + r * cols)[c0 / 4] = make_float4(res[0], res[1], res[2], res[3]);",
+                "  }",
+                "} else {",
+                "  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {",
+                "    const int l = 0;",
+                "    (void)l;",
+                *indent(inner(False), 4),
+                "  }",
+                "}",
+            ]
+
+        def row_body(acc_map: dict[str, str]) -> list[str]:
+            row_scope = Scope(self.g, info.ops, scalar, row_load)
+            lines = bases()
+            row_section(row_scope, 0)
+            lines += row_scope.lines
+            for level in range(1, info.max_level + 1):
+                row_scope.lines = []
+                lines += element_pass(row_scope, level, "0", "cols", acc_map)
+                lines += reduce_block(level, acc_map)
+                lines += finalize(row_scope, level, acc_map)
+                row_section(row_scope, level)
+                lines += row_scope.lines
+            row_scope.lines = []
+            tail = store(row_scope)
+            return [*lines, *row_scope.lines, *tail]
+
+        smem_bytes = 32 * 16
+        main_params = self.kernel_params(info, ["const int64_t rows", "const int64_t cols"])
+        main = [
+            *self.desc_struct(info),
+            "",
+            f"// {k.name}: row kernel ({info.max_level} passes) over {', '.join(k.origins)}; one block per row.",
+            "template <int VEC>",
+            f"__global__ void __launch_bounds__(1024) {k.name}_kernel(",
+            "    " + ",\n    ".join(main_params) + ") {",
+            f"  __shared__ __align__(16) unsigned char smem[{smem_bytes}];",
+            "  (void)smem;",
+            *indent(self.scalar_setup(info), 2),
+            "  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {",
+            *indent(row_body(accs), 4),
+            "  }",
+            "}",
+        ]
+        split_ok = k.root_level == "row" and info.max_level == 1 and self.variant.split != "off"
+        split_code: list[str] = []
+        if split_ok:
+            split_code = self.row_split(info, element_pass, reduce_block, finalize, row_section, bases, scalar, row_load)
+        align = " && ".join(f"aligned16({p})" for p in [*self.contig_ptrs(info), "out"])
+        vec_cond = f"{align} && cols % 4 == 0" if vec_ok else "false"
+        rb = self.row_block
+        launcher = [
+            f"static void {k.name}_launch(",
+            "    " + ",\n    ".join(self.launcher_params(info, ["int64_t rows", "int64_t cols"])) + ") {",
+            *indent(self.desc_fill(info), 2),
+            "  if (rows == 0) return;",
+            "  auto stream = at::cuda::getCurrentCUDAStream();",
+            f"  const bool vec4 = {vec_cond};",
+            f"  const int threads = pow2_at_least((cols + (vec4 ? 15 : 3)) / (vec4 ? 16 : 4), 32, {rb});",
+        ]
+        if split_ok:
+            launcher += [
+                "  const int64_t per_block = static_cast<int64_t>(threads) * (vec4 ? 16 : 4);",
+                "  if (rows < 2 * sm_count() && cols >= 8 * per_block) {",
+                "    const int64_t want = (4 * static_cast<int64_t>(sm_count()) + rows - 1) / rows;",
+                "    const int64_t splits = std::max<int64_t>(2, std::min<int64_t>(want, cols / per_block));",
+                f"    {k.name}_split(" + ", ".join(self.call_args(info, ["rows", "cols"])) + ", splits, threads, vec4, stream);",
+                "    return;",
+                "  }",
+            ]
+        launcher += [
+            "  const int64_t blocks = std::min<int64_t>(rows, static_cast<int64_t>(sm_count()) * 32);",
+            "  if (vec4)",
+            f"    {k.name}_kernel<4><<<blocks, threads, 0, stream>>>({', '.join(self.call_args(info, ['rows', 'cols']))});",
+            "  else",
+            f"    {k.name}_kernel<1><<<blocks, threads, 0, stream>>>({', '.join(self.call_args(info, ['rows', 'cols']))});",
+            "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
+            "}",
+        ]
+        return "\n".join([*main, "", *split_code, "", *launcher])
+
+    def row_split(self, info, element_pass, reduce_block, finalize, row_section, bases, scalar, row_load) -> list[str]:  # type: ignore[no-untyped-def]
+        """Few long rows: stage 1 reduces chunks of each row in separate blocks, stage 2 combines them."""
+        k = info.kernel
+        reds = [r for r in info.reductions if r.level == 1]
+        accs = {r.op.out: acc_type(r.op.fn, self.variant.acc, default_double=True) for r in reds}
+        structs = [f"struct {k.name}_part {{"] + [f"  {accs[r.op.out]} a{j};" for j, r in enumerate(reds)] + ["};"]
+        chunk_scope = Scope(self.g, info.ops, scalar, row_load)
+        row_section(chunk_scope, 0)
+        stage1_body = [
+            "const int64_t r = blockIdx.y;",
+            "const int64_t s = blockIdx.x;",
+            "const int64_t chunk = ((cols + splits - 1) / splits + 3) / 4 * 4;",
+            "const int64_t c_lo = s * chunk;",
+            "const int64_t c_hi = std::min<int64_t>(cols, c_lo + chunk);",
+            *bases(),
+            *chunk_scope.lines,
+            *element_pass(chunk_scope, 1, "c_lo", "c_hi", accs),
+            *reduce_block(1, accs),
+            "if (threadIdx.x == 0) {",
+            f"  {k.name}_part p;",
+            *[f"  p.a{j} = a_{local_var(r.op.out)};" for j, r in enumerate(reds)],
+            "  parts[r * splits + s] = p;",
+            "}",
+        ]
+        params = self.kernel_params(info, ["const int64_t rows", "const int64_t cols"])
+        stage1 = [
+            *structs,
+            "",
+            "template <int VEC>",
+            f"__global__ void __launch_bounds__(1024) {k.name}_stage1(",
+            "    " + ",\n    ".join([*params, f"{k.name}_part* __restrict__ parts", "const int64_t splits"]) + ") {",
+            "  __shared__ __align__(16) unsigned char smem[512];",
+            *indent(self.scalar_setup(info), 2),
+            *indent(stage1_body, 2),
+            "}",
+        ]
+        final_scope = Scope(self.g, info.ops, scalar, row_load)
+        row_section(final_scope, 0)
+        head = list(final_scope.lines)
+        final_scope.lines = []
+        gather = []
+        for j, r in enumerate(reds):
+            name = "a_" + local_var(r.op.out)
+            acc = accs[r.op.out]
+            gather += [
+                f"{acc} {name} = {acc_init(r.op.fn, acc)};",
+                f"for (int64_t s = threadIdx.x; s < splits; s += blockDim.x) "
+                f"{name} = {acc_combine(r.op.fn, name, f'parts[r * splits + s].a{j}')};",
+            ]
+        fin = finalize(final_scope, 1, accs)
+        row_section(final_scope, 1)
+        root = final_scope.need(k.root)
+        stage2_body = [
+            "const int64_t r = blockIdx.x;",
+            *bases(),
+            *head,
+            *gather,
+            *reduce_block(1, accs),
+            *fin,
+            *final_scope.lines,
+            f"if (threadIdx.x == 0) out[r] = {root};",
+        ]
+        stage2 = [
+            f"__global__ void __launch_bounds__(256) {k.name}_stage2(",
+            "    " + ",\n    ".join([*params, f"const {k.name}_part* __restrict__ parts", "const int64_t splits"]) + ") {",
+            "  __shared__ __align__(16) unsigned char smem[512];",
+            *indent(self.scalar_setup(info), 2),
+            *indent(stage2_body, 2),
+            "}",
+        ]
+        host_params = [
+            *[f"const {CTYPE[self.g.values[o.id].dtype]}* in{i}" for i, o in enumerate(info.operands)],
+            f"{CTYPE[self.g.values[k.root].dtype]}* out",
+            f"const {k.name}_descs& D",
+            "int64_t rows",
+            "int64_t cols",
+            *[f"float s{i}" for i in range(len(info.scalars))],
+            "int64_t splits",
+            "int threads",
+            "bool vec4",
+            "cudaStream_t stream",
+        ]
+        args = self.call_args(info, ["rows", "cols"])
+        host = [
+            f"static void {k.name}_split(",
+            "    " + ",\n    ".join(host_params) + ") {",
+            f"  at::Tensor scratch = at::empty({{static_cast<int64_t>(rows * splits * sizeof({k.name}_part))}},",
+            "                                   at::TensorOptions().dtype(at::kByte).device(at::kCUDA, c10::cuda::current_device()));",
+            f"  auto* parts = reinterpret_cast<{k.name}_part*>(scratch.data_ptr<uint8_t>());",
+            "  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(rows));",
+            "  if (vec4)",
+            f"    {k.name}_stage1<4><<<grid, threads, 0, stream>>>({', '.join(args)}, parts, splits);",
+            "  else",
+            f"    {k.name}_stage1<1><<<grid, threads, 0, stream>>>({', '.join(args)}, parts, splits);",
+            "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
+            f"  {k.name}_stage2<<<static_cast<unsigned>(rows), 256, 0, stream>>>({', '.join(args)}, parts, splits);",
+            "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
+            "}",
+        ]
+        return [*stage1, "", *stage2, "", *host]
+
+    def row_columns(self, info: KernelInfo) -> str:
+        """Reductions over leading/middle dims: one thread per output position, coalesced across it."""
+        k = info.kernel
+        index = {o.id: i for i, o in enumerate(info.operands)}
+        scalar = self.scalar_fn(info)
+
+        def element_load(ident: str) -> str:
+            i = index[ident]
+            if info.operands[i].access == "scalar":
+                return f"z{i}"
+            return f"in{i}[b{i} + stitch::col_off<int64_t>(D.d[{self.slot(info, i)}], c)]"
+
+        def row_load(ident: str) -> str:
+            i = index[ident]
+            if info.operands[i].access == "scalar":
+                return f"z{i}"
+            return f"in{i}[b{i}]"
+
+        accs = {r.op.out: acc_type(r.op.fn, self.variant.acc, default_double=False) for r in info.reductions}
+        row_scope = Scope(self.g, info.ops, scalar, row_load)
+        lines = [f"const int64_t b{i} = stitch::row_off<int64_t>(D.d[{self.slot(info, i)}], r);" for i in info.general]
+        if k.root_level == "full":
+            lines.append("const int64_t ob = stitch::row_off<int64_t>(odesc, r);")
+
+        def section(level: int) -> None:
+            for op in k.ops:
+                if op.kind == "ew" and info.row_level.get(op.out) and info.levels.get(op.out) == level:
+                    row_scope.need(op.out)
+
+        section(0)
+        lines += row_scope.lines
+        for level in range(1, info.max_level + 1):
+            row_scope.lines = []
+            reds = [r for r in info.reductions if r.level == level]
+            inner = Scope(self.g, info.ops, scalar, element_load, parent=row_scope)
+            ups = [
+                acc_update(r.op.fn, accs[r.op.out], "a_" + local_var(r.op.out), inner.need(r.op.args[0].id), "c")
+                for r in reds
+            ]
+            lines += [f"{accs[r.op.out]} a_{local_var(r.op.out)} = {acc_init(r.op.fn, accs[r.op.out])};" for r in reds]
+            lines += ["for (int64_t c = 0; c < cols; ++c) {", *indent([*inner.lines, *ups], 2), "}"]
+            for r in reds:
+                name = local_var(r.op.out)
+                lines.append(
+                    f"const {CTYPE[self.g.values[r.op.out].dtype]} {name} = "
+                    f"{acc_final(r.op.fn, accs[r.op.out], 'a_' + name, 'cols')};"
+                )
+                row_scope.names[r.op.out] = name
+            section(level)
+            lines += row_scope.lines
+        row_scope.lines = []
+        if k.root_level == "row":
+            value = row_scope.need(k.root)
+            lines += [*row_scope.lines, f"out[r] = {value};"]
+        else:
+            inner = Scope(self.g, info.ops, scalar, element_load, parent=row_scope)
+            value = inner.need(k.root)
+            lines += [
+                *row_scope.lines,
+                "for (int64_t c = 0; c < cols; ++c) {",
+                *indent([*inner.lines, f"out[ob + stitch::col_off<int64_t>(odesc, c)] = {value};"], 2),
+                "}",
+            ]
+        extra = ["const int64_t rows", "const int64_t cols"] + (["const stitch::Desc odesc"] if k.root_level == "full" else [])
+        params = self.kernel_params(info, extra)
+        block = self.block
+        kernel = [
+            *self.desc_struct(info),
+            "",
+            f"// {k.name}: reduction over non-trailing dims ({info.max_level} passes) over {', '.join(k.origins)}.",
+            f"__global__ void __launch_bounds__({block}) {k.name}_kernel(",
+            "    " + ",\n    ".join(params) + ") {",
+            *indent(self.scalar_setup(info), 2),
+            "  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;",
+            "       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {",
+            *indent(lines, 4),
+            "  }",
+            "}",
+        ]
+        lextra = ["int64_t rows", "int64_t cols"] + (["stitch::Desc odesc"] if k.root_level == "full" else [])
+        cextra = ["rows", "cols"] + (["odesc"] if k.root_level == "full" else [])
+        launcher = [
+            f"static void {k.name}_launch(",
+            "    " + ",\n    ".join(self.launcher_params(info, lextra)) + ") {",
+            *indent(self.desc_fill(info), 2),
+            "  if (rows == 0) return;",
+            "  auto stream = at::cuda::getCurrentCUDAStream();",
+            f"  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((rows + {block - 1}) / {block}, "
+            f"static_cast<int64_t>(sm_count()) * {max(2048 // block, 1)}));",
+            f"  {k.name}_kernel<<<blocks, {block}, 0, stream>>>({', '.join(self.call_args(info, cextra))});",
+            "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
+            "}",
+        ]
+        return "\n".join([*kernel, "", *launcher])
+
+    # ---- pooling -------------------------------------------------------------------------------------------
+    def pool(self, info: KernelInfo) -> str:
+        from stitchcuda.coder.synth.cpu import CpuKernels
+
+        # The window arithmetic is the CPU kernel's, run with one thread per output element.
+        body = CpuKernels(self.p, self.variant).pool_body(info, desc="D.d")
+        k = info.kernel
+        pool = k.pool
+        assert pool is not None
+        nd = pool.attrs["nd"]
+        dims = ["d", "h", "w"][3 - nd :]
+        sizes = [f"const int64_t I{d.upper()}" for d in dims] + [f"const int64_t O{d.upper()}" for d in dims]
+        params = self.kernel_params(info, ["const int64_t total", *sizes])
+        block = self.block
+        kernel = [
+            *self.desc_struct(info),
+            "",
+            f"// {k.name}: {pool.fn} over {', '.join(k.origins)}; one thread per output element.",
+            f"__global__ void __launch_bounds__({block}) {k.name}_kernel(",
+            "    " + ",\n    ".join(params) + ") {",
+            *indent(self.scalar_setup(info), 2),
+            "  for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;",
+            "       o += static_cast<int64_t>(gridDim.x) * blockDim.x) {",
+            *indent(body, 4),
+            "  }",
+            "}",
+        ]
+        lsizes = [f"int64_t I{d.upper()}" for d in dims] + [f"int64_t O{d.upper()}" for d in dims]
+        csizes = [f"I{d.upper()}" for d in dims] + [f"O{d.upper()}" for d in dims]
+        launcher = [
+            f"static void {k.name}_launch(",
+            "    " + ",\n    ".join(self.launcher_params(info, ["int64_t total", *lsizes])) + ") {",
+            *indent(self.desc_fill(info), 2),
+            "  if (total == 0) return;",
+            "  auto stream = at::cuda::getCurrentCUDAStream();",
+            f"  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((total + {block - 1}) / {block}, "
+            f"static_cast<int64_t>(sm_count()) * {max(2048 // block, 1)}));",
+            f"  {k.name}_kernel<<<blocks, {block}, 0, stream>>>({', '.join(self.call_args(info, ['total', *csizes]))});",
+            "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
+            "}",
+        ]
+        return "\n".join([*kernel, "", *launcher])
+
+    def launch(self, info: KernelInfo, host: Host) -> list[str]:
+        k = info.kernel
+        if k.kind == "pointwise":
+            self.functions.append(self.pointwise(info))
+        elif k.kind == "row":
+            self.functions.append(self.row(info))
+        else:
+            self.functions.append(self.pool(info))
+        return launch_lines(info, host, backend="cuda")
+
+
+def emit(program: Program, variant: Variant, ext_name: str) -> tuple[str, list[str], list[str], list[str]]:
+    """(forward.cu source, cflags, cuda_cflags, ldflags) for the CUDA extension."""
+    kernels = CudaKernels(program, variant)
+    host = Host(program, "cuda", kernels.launch)
+    body = host.body()
+    ret, params = host.signature()
+    forward = [f"{ret} forward(", "    " + ",\n    ".join(params) + ") {", *indent(body, 2), "}"]
+    source = "\n".join(
+        [
+            f"// {ext_name}: synthesized by StitchCUDA's built-in coder (CUDA backend).",
+            "// One extension, one entry point; every kernel is launched from forward() on the caller's stream.",
+            f'#include "{HEADER_NAME}"',
+            "",
+            "#include <ATen/cuda/CUDAContext.h>",
+            "#include <c10/cuda/CUDAException.h>",
+            "#include <c10/cuda/CUDAGuard.h>",
+            "#include <cuda_runtime.h>",
+            "",
+            "#include <algorithm>",
+            "#include <tuple>",
+            "",
+            "using namespace stitch;",
+            "",
+            "namespace {",
+            DEVICE_HELPERS,
+            "\n\n".join(kernels.functions),
+            *([rnn.cuda_helper()] if "lstm" in host.helpers else []),
+            "",
+            "}  // namespace",
+            "",
+            *forward,
+            "",
+            "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {",
+            f'  m.def("forward", &forward, "{ext_name} forward (fused CUDA kernels)");',
+            "}",
+            "",
+        ]
+    )
+    return source, list(CFLAGS), list(CUDA_CFLAGS), list(LDFLAGS)
+
+
+__all__ = ["emit", "tensor_var"]

@@ -1,0 +1,71 @@
+"""D11: the static scan of a candidate (model_new.py's AST and its C++/CUDA sources), as policy-rated Findings.
+
+The Python side resolves imports and aliases, builds the call graph from ModelNew.forward, and runs a taint
+analysis over it (static_flow); whole-file checks run over every node (static_module); the C++/CUDA side is
+lexical over comment-stripped text (static_cpp). Severities come from policy.RULES; a downgradable rule named
+in allowed_rules drops from REJECT to WARNING.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+
+from stitchcuda.api.v1 import code_pb2, verify_pb2
+from stitchcuda.shared.candidate import ENTRY, SOURCE_SUFFIXES
+from stitchcuda.verifier.static_cpp import scan_sources
+from stitchcuda.verifier.static_flow import Flow
+from stitchcuda.verifier.static_graph import Program
+from stitchcuda.verifier.static_module import ModuleScan, reference_info
+from stitchcuda.verifier.static_names import Names
+from stitchcuda.verifier.static_report import Hits
+
+__all__ = ["scan", "scan_hits"]
+
+
+def scan(
+    candidate: code_pb2.Candidate, reference_source: str, allowed_rules: Iterable[str] = ()
+) -> list[verify_pb2.Finding]:
+    """Every D11 finding for the candidate, REJECTs first."""
+    return scan_hits(candidate, reference_source).findings(allowed_rules)
+
+
+def scan_hits(candidate: code_pb2.Candidate, reference_source: str) -> Hits:
+    hits = Hits()
+    files = {f.path: f.content for f in candidate.files}
+    entry = candidate.entry or ENTRY
+    ref = reference_info(reference_source)
+    source = files.get(entry)
+    streams_made: list[str] = []
+    streams_joined: list[str] = []
+    if source is None:
+        hits.add("D11.structure", f"the candidate has no {entry}", entry)
+    else:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError as exc:
+            hits.add("D11.structure", f"{entry} does not parse: {exc.msg}", f"{entry}:{exc.lineno or 0}")
+            tree = None
+        if tree is not None:
+            names = Names(tree, candidate.build.extension_name)
+            program = Program(tree, names)
+            flow = Flow(program, names, hits, path=entry)
+            flow.run()
+            forward_ids = {id(f.node) for f, _ in flow.reached}
+            module = ModuleScan(program, names, hits, forward_ids, ref, entry)
+            streams = module.run(source)
+            streams_made += streams.made
+            streams_joined += streams.joined
+    sources = {p: c for p, c in files.items() if p.endswith(SOURCE_SUFFIXES)}
+    if sources:
+        cpp = scan_sources(sources, hits, fp32=ref.fp32)
+        streams_made += cpp.streams_made
+        streams_joined += cpp.streams_joined
+    for where in streams_made:
+        if streams_joined:
+            hits.add("D11.stream", f"side stream, joined at {streams_joined[0]}", where)
+        else:
+            hits.add(
+                "D11.stream-unjoined", "side stream with no wait_stream / event wait / synchronize", where
+            )
+    return hits

@@ -1,0 +1,446 @@
+"""Lexical D11 checks over a candidate's C++/CUDA sources, on comment- and string-stripped text."""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+from stitchcuda.verifier.static_report import Hits
+
+SMEM_DEFAULT = 48 * 1024
+SMEM_MAX = 227 * 1024  # the opt-in per-block limit on sm_90 (H100/H200)
+GiB = 1 << 30
+TYPE_SIZES = {
+    "char": 1, "int8_t": 1, "uint8_t": 1, "bool": 1, "short": 2, "int16_t": 2, "half": 2, "__half": 2,
+    "__nv_bfloat16": 2, "int": 4, "unsigned": 4, "float": 4, "int32_t": 4, "uint32_t": 4, "double": 8,
+    "long": 8, "int64_t": 8, "uint64_t": 8, "size_t": 8, "float2": 8, "float4": 16, "int4": 16, "half2": 4,
+    "double2": 16,
+}  # fmt: skip
+
+_P = re.compile
+RULES: tuple[tuple[str, re.Pattern[str], str], ...] = (
+    ("D11.thread", _P(r"\bstd::j?thread\b|\bpthread_create\b|\bstd::async\b|\bat::launch\s*\(|\bboost::thread\b"
+                      r"|\.\s*detach\s*\(\s*\)|#\s*include\s*<(?:thread|future|pthread\.h)>"), "threads"),
+    ("D11.process", _P(r"(?<![\w:.>])(?:system|popen|fork|vfork|execv|execve|execvp|execl|execlp|posix_spawnp?"
+                       r"|kill|dlopen|dlsym)\s*\("), "processes or dynamic loading"),
+    ("D11.io", _P(r"(?<![\w:.>])(?:fopen|freopen|fdopen|opendir|readdir|open|openat|creat|unlink|remove|rename"
+                  r"|mkdir|stat|access|dup2?|fread|fwrite|mmap)\s*\(|\bstd::(?:i|o)?fstream\b|\bstd::filesystem\b"
+                  r"|\bFILE\s*\*|#\s*include\s*<(?:fstream|filesystem|dirent\.h|fcntl\.h|unistd\.h)>"), "file access"),
+    ("D11.network", _P(r"(?<![\w:.>])(?:socket|connect|getaddrinfo|gethostbyname|curl_easy_\w+|curl_global_init)"
+                       r"\s*\(|#\s*include\s*<(?:sys/socket\.h|netdb\.h|curl/curl\.h|arpa/inet\.h)>"), "network"),
+    ("D11.exit", _P(r"(?<![\w:.>])(?:exit|_exit|_Exit|abort|quick_exit|atexit|at_quick_exit|signal|sigaction)"
+                    r"\s*\(|\bstd::(?:exit|_Exit|abort|quick_exit|atexit)\s*\("), "process exit or signal handlers"),
+    ("D11.environ", _P(r"(?<![\w:.>])(?:getenv|secure_getenv|setenv|putenv|unsetenv|clearenv)\s*\("
+                       r"|\bstd::getenv\s*\(|\benviron\b"), "the process environment"),
+    ("D11.dynamic-code", _P(r"\b(?:PyRun_\w+|PyImport_\w+|PyEval_\w+|PyObject_Call\w*|Py_CompileString)\s*\("
+                            r"|\bpy(?:bind11)?::module_?::import\s*\(|\bpy(?:bind11)?::(?:exec|eval|eval_file|globals)"
+                            r"\s*\("), "Python driven from C++"),
+    ("D11.global-state", _P(r"\bat::globalContext\s*\(\s*\)\s*\.\s*set\w*|\b(?:at|torch)::set_num(?:_interop)?_threads\b"
+                            r"|\bomp_set_num_threads\s*\(|\bsetFloat32MatmulPrecision\b|\bsetAllowTF32\w*"
+                            r"|\bsetBenchmarkCuDNN\b|\bsetUserEnabledCuDNN\b|\bsetDeterministic\w*"
+                            r"|\bsetAllow(?:BF16|FP16)Reduction\w*|\bset_default_dtype\b"), "process-wide numeric state"),
+    ("D11.gpu-control", _P(r"\b(?:nvml\w+|cudaDeviceSetLimit|cudaDeviceSetCacheConfig|cudaDeviceSetSharedMemConfig"
+                           r"|cudaSetDeviceFlags|cudaDeviceReset|cudaCtxResetPersistingL2Cache)\s*\("
+                           r"|#\s*include\s*<nvml\.h>"), "device control"),
+    ("D11.library-call", _P(r"\b(?:cublas\w+|cudnn\w+|cblas_\w+|mkl_\w+|dnnl_\w+|cusparse\w+|cufft\w+|cutensor\w+)"
+                            r"\s*\(|\bdnnl::\w+|\bat::cuda::blas::|\bgetCurrentCUDABlasHandle\b"), "vendor library compute"),
+    ("D11.cuda-graph", _P(r"\bcudaGraph\w+|\bcudaStreamBeginCapture\b|\bcuGraph\w+"), "CUDA graphs"),
+    ("D11.print", _P(r"(?<![\w:.>])(?:printf|puts|fprintf|fputs|perror)\s*\(|\bstd::(?:cout|cerr|clog|printf|puts)\b"
+                     r"|\bTORCH_WARN\w*"), "writes to stdout/stderr"),
+    ("D11.seed", _P(r"\bmanual_seed\s*\(|(?<![\w:.>])srand\s*\(|\bstd::srand\s*\("), "seeds a random generator"),
+    ("D11.memory-probe", _P(r"\bcudaMemGetInfo\b|\bcuMemGetInfo\b|\bcudaMalloc\w*\s*\(|\bcuMemAlloc\w*"
+                            r"|\bCUDACachingAllocator::\w+"), "direct device memory"),
+    ("D11.timing", _P(r"\bstd::chrono\b|\bcudaEventElapsedTime\b|(?<![\w:.>])(?:clock_gettime|gettimeofday|usleep"
+                      r"|nanosleep|sleep)\s*\(|\bstd::this_thread::sleep_\w+|__nanosleep"), "clocks or sleeps"),
+    ("D11.nan-literal", _P(r"numeric_limits\s*<\s*\w+\s*>::quiet_NaN|\bNAN\b|(?<![\w:.>])nanf?\s*\(|CUDART_NAN\w*"
+                           r"|\b0x7fc00000\b"), "NaN literals"),
+    ("D11.identity-key", _P(r"data_ptr\s*(?:<[^<>;]*>)?\s*\(\s*\)\s*(?:==|!=)|(?:==|!=)\s*[\w.\->()]*data_ptr\b"
+                            r"|\b_version\s*\(\s*\)|\bunsafeGetTensorImpl\b|\.\s*is_same\s*\("), "tensor identity"),
+)  # fmt: skip
+PRECISION = _P(
+    r"\b__float2half\w*|\b__half2float\b|\b__half2?\b|\b__nv_bfloat16\w*|\b__float2bfloat16\w*|\bnv_bfloat16\b"
+    r"|\b(?:c10|at)::(?:Half|BFloat16)\b|\b(?:at|torch)::k(?:Half|BFloat16|Float16|Float8\w*)\b"
+    r"|\bScalarType::(?:Half|BFloat16)\b|\b_Float16\b|\b__fp16\b|\b__nv_fp8\w*|\bwmma::precision::tf32\b"
+    r"|\b__float_to_tf32\b|\btf32\b|\bCUBLAS_COMPUTE_32F_FAST\w*|\bCUBLAS_TF32_TENSOR_OP_MATH\b"
+    r"|\.\s*(?:half|bfloat16)\s*\(|\(\s*half2?\s*\)|\bhalf2?\s*\*|<\s*half2?\s*>|\bhalf2?\s+[A-Za-z_]\w*\s*[=;,\[)]"
+)
+ATEN_CALL = _P(r"\b(?:at|torch)::((?:\w+::)*)(\w+)\s*\(")
+ATEN_ALLOWED = frozenset(
+    {
+        "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
+        "arange", "from_blob", "tensor", "scalar_tensor", "parallel_for", "parallel_reduce", "get_num_threads",
+        "get_thread_num", "in_parallel_region", "init_num_threads", "TensorOptions", "dtype", "device", "Device",
+        "Tensor", "IntArrayRef", "Scalar", "ScalarType", "NoGradGuard", "InferenceMode", "AutoDispatchBelowAutograd",
+        "AutoGradMode", "getCurrentCUDAStream", "getDefaultCUDAStream", "getStreamFromPool", "CUDAStream",
+        "CUDAStreamGuard", "OptionalCUDAGuard", "CUDAGuard", "DeviceGuard", "OptionalDeviceGuard", "elementSize",
+        "toString", "typeMetaToScalarType", "globalContext", "MemoryFormat", "Layout", "Slice", "makeArrayRef",
+        "ArrayRef", "irange", "Half", "BFloat16", "empty_cpu", "TensorArg", "zeros_symint", "empty_symint",
+        "isFloatingType", "isIntegralType", "get_default_dtype", "DimVector", "Generator",
+    }
+)  # fmt: skip
+TENSOR_METHOD = _P(
+    r"\.\s*(matmul|mm|bmm|addmm|baddbmm|sum|mean|exp|log|softmax|log_softmax|relu|relu_|gelu|sigmoid|tanh|pow"
+    r"|sqrt|rsqrt|norm|var|std|conv1d|conv2d|linear|mul|mul_|add|add_|sub|sub_|div|div_|clamp|clamp_|clamp_min"
+    r"|abs|neg|amax|amin|argmax|argmin|cumsum|prod|einsum|layer_norm|batch_norm|max_pool2d|index_select|gather"
+    r"|scatter|where|masked_fill|lerp|sort|topk|max|min|logsumexp|silu|erf|square|exp_|mse_loss|dot|mv|outer"
+    r"|gelu_|sigmoid_|tanh_|sqrt_|pow_|mean_)\s*\("
+)
+STREAM_MAKE = _P(r"\bgetStreamFromPool\b|\bcudaStreamCreate\w*|\bgetStreamFromExternal\b|\bcuStreamCreate\w*")
+STREAM_JOIN = _P(
+    r"\bcudaStreamWaitEvent\b|\bcudaStreamSynchronize\b|\bcudaDeviceSynchronize\b|\bcudaEventSynchronize\b"
+    r"|\.\s*synchronize\s*\(|\bcuStreamWaitEvent\b|\bcuCtxSynchronize\b|\.\s*block\s*\("
+)
+KERNEL_DEF = _P(r"__global__\s+([^;{()]*?)\b(\w+)\s*\(")
+LAUNCH = _P(r"\b(\w+)\s*(?:<[^<>;]*(?:<[^<>;]*>[^<>;]*)*>)?\s*<<<\s*([^;]*?)>>>")
+LAUNCH_API = _P(r"\b(?:cudaLaunchKernel\w*|cudaLaunchCooperativeKernel\w*|cuLaunchKernel\w*)\s*\(")
+ERROR_CHECK = _P(
+    r"\bcudaGetLastError\b|\bcudaPeekAtLastError\b|\bC10_CUDA_KERNEL_LAUNCH_CHECK\b|\bC10_CUDA_CHECK\b"
+)
+SHARED = _P(
+    r"(?<!extern\s)__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?([\w:]+)\s+(\w+)\s*((?:\[[^\]]+\])+)"
+)
+FUNC_DEF = _P(r"\b(\w+)\s*\([^;{}()]*(?:\([^;{}()]*\)[^;{}()]*)*\)\s*(?:const\s*)?\{")
+STATIC_VAR = _P(
+    r"\b(?:static|thread_local)\s+(?!constexpr\b|inline\b|__device__|__global__|__host__|__forceinline__"
+    r"|void\b|assert\b)([^;{}()=]*?)\b(\w+)\s*(?:=|;|\[|\{)"
+)
+SUSPECT_TYPE = _P(r"Tensor|map\b|map<|set<|vector|deque|list<|optional|\*|intptr_t|uintptr_t")
+NOT_KEYWORDS = frozenset(
+    {"if", "for", "while", "switch", "return", "sizeof", "catch", "__launch_bounds__", "defined"}
+)
+
+
+@dataclass
+class CppResult:
+    streams_made: list[str] = field(default_factory=list)
+    streams_joined: list[str] = field(default_factory=list)
+    kernels: list[str] = field(default_factory=list)
+    functions: set[str] = field(default_factory=set)
+
+
+def strip(text: str, keep_strings: bool = False) -> tuple[str, list[tuple[int, str]]]:
+    """The text with comments (and string/char literal contents) blanked, newlines kept, and the comments."""
+    out: list[str] = []
+    comments: list[tuple[int, str]] = []
+    i, n, ln = 0, len(text), 1
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            comments.append((ln, text[i + 2 : j]))
+            out.append(" " * (j - i))
+            i = j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            chunk = text[i:j]
+            for k, part in enumerate(chunk.split("\n")):
+                comments.append((ln + k, part.strip("/* ")))
+            out.append("".join("\n" if ch == "\n" else " " for ch in chunk))
+            ln += chunk.count("\n")
+            i = j
+        elif keep_strings and c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            j = j + 1 if j < n and text[j] == c else j
+            out.append(text[i:j])
+            ln += text.count("\n", i, j)
+            i = j
+        elif (
+            c == "R"
+            and text.startswith('R"', i)
+            and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_"))
+        ):
+            m = re.match(r'R"([^()\\\s]{0,16})\(', text[i:])
+            end = text.find(")" + (m.group(1) if m else "") + '"', i) if m else -1
+            j = n if end < 0 else end + len(m.group(1) if m else "") + 2
+            chunk = text[i:j]
+            out.append('"' + "".join("\n" if ch == "\n" else " " for ch in chunk[2:-1]) + '"')
+            ln += chunk.count("\n")
+            i = j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            closed = j < n and text[j] == c
+            j = j + 1 if closed else j
+            out.append("".join("\n" if ch == "\n" else " " for ch in text[i:j]))
+            out[-1] = c + out[-1][1:-1] + c if closed and j - i >= 2 else out[-1]
+            ln += text.count("\n", i, j)
+            i = j
+        else:
+            if c == "\n":
+                ln += 1
+            out.append(c)
+            i += 1
+    return "".join(out), comments
+
+
+def _line(code: str, pos: int) -> int:
+    return code.count("\n", 0, pos) + 1
+
+
+def constants(code: str) -> dict[str, str]:
+    consts: dict[str, str] = {}
+    for m in re.finditer(r"#\s*define\s+(\w+)[ \t]+([^\n]+)", code):
+        consts[m.group(1)] = m.group(2).strip()
+    decl = (
+        r"\b(?:constexpr|const)\s+(?:static\s+)?(?:unsigned\s+|signed\s+)?(?:int|long|size_t|int64_t|int32_t"
+    )
+    decl += r"|uint32_t|uint64_t|auto|long\s+long)\s+(\w+)\s*=\s*([^;]+);"
+    for m in re.finditer(decl, code):
+        consts[m.group(1)] = m.group(2).strip()
+    return consts
+
+
+def evaluate(expr: str, consts: dict[str, str], depth: int = 0) -> int | None:
+    """A best-effort integer value of a C constant expression; None when it depends on run-time values."""
+    if depth > 8:
+        return None
+    text = re.sub(
+        r"sizeof\s*\(\s*(?:unsigned\s+)?([\w:]+)\s*\)", lambda m: str(TYPE_SIZES.get(m.group(1), 4)), expr
+    )
+    text = re.sub(r"\b(\d+)(?:[uUlL]{1,3})\b", r"\1", text)
+    text = re.sub(r"\(\s*(?:int|size_t|unsigned|long|int64_t)\s*\)", "", text)
+    text = re.sub(r"\bstatic_cast\s*<[^>]*>", "", text)
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(0)
+        if name in consts:
+            v = evaluate(consts[name], consts, depth + 1)
+            if v is not None:
+                return str(v)
+        raise KeyError(name)
+
+    try:
+        text = re.sub(r"\b[A-Za-z_]\w*\b", sub, text).replace("/", "//")
+        tree = ast.parse(text.strip(), mode="eval")
+    except (KeyError, SyntaxError):
+        return None
+    allowed = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.operator, ast.unaryop)
+    if not all(isinstance(n, allowed) for n in ast.walk(tree)):
+        return None
+    try:
+        value = eval(compile(tree, "<const>", "eval"), {"__builtins__": {}})
+    except (ArithmeticError, ValueError, OverflowError):
+        return None
+    return value if isinstance(value, int) else None
+
+
+def _body(code: str, start: int) -> str:
+    """The brace-matched block that opens at or after start."""
+    i = code.find("{", start)
+    if i < 0:
+        return ""
+    depth = 0
+    for j in range(i, len(code)):
+        if code[j] == "{":
+            depth += 1
+        elif code[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return code[i : j + 1]
+    return code[i:]
+
+
+def _globals(code: str) -> list[tuple[int, str]]:
+    """Statements at file or namespace scope (namespace and extern "C" braces are transparent)."""
+    out: list[tuple[int, str]] = []
+    stack: list[bool] = []  # True for a transparent (namespace) brace
+    start = 0
+    for i, c in enumerate(code):
+        if c == "{":
+            head = code[start:i]
+            stack.append(bool(re.search(r"(namespace\s*\w*|extern\s*\"\s*\")\s*$", head)))
+            start = i + 1
+        elif c == "}":
+            if stack:
+                stack.pop()
+            start = i + 1
+        elif c == ";":
+            if all(stack):
+                out.append((start, code[start:i]))
+            start = i + 1
+        elif c == "#" and (i == 0 or code[i - 1] == "\n"):
+            start = code.find("\n", i) + 1 or len(code)
+    return out
+
+
+def scan_sources(files: dict[str, str], hits: Hits, *, fp32: bool) -> CppResult:
+    """Runs every C++/CUDA rule over the sources; kernel-launch rules look across all files together."""
+    res = CppResult()
+    stripped = {path: strip(text) for path, text in files.items()}
+    all_code = "\n".join(code for code, _ in stripped.values())
+    consts = constants(all_code)
+    for path, (code, _comments) in stripped.items():
+        _rules(path, code, hits, fp32, files[path])
+        _state(path, code, hits)
+        for m in STREAM_MAKE.finditer(code):
+            res.streams_made.append(f"{path}:{_line(code, m.start())}")
+        for m in STREAM_JOIN.finditer(code):
+            res.streams_joined.append(f"{path}:{_line(code, m.start())}")
+        for m in FUNC_DEF.finditer(code):
+            if m.group(1) not in NOT_KEYWORDS:
+                res.functions.add(m.group(1))
+    _kernels(stripped, all_code, consts, hits, res)
+    _comments(stripped, res, hits)
+    return res
+
+
+def _rules(path: str, code: str, hits: Hits, fp32: bool, raw: str) -> None:
+    for rule, pattern, what in RULES:
+        for m in pattern.finditer(code):
+            hits.add(rule, f"{what}: {m.group(0).strip()[:60]}", f"{path}:{_line(code, m.start())}")
+    for m in ATEN_CALL.finditer(code):
+        ns, name = m.group(1), m.group(2)
+        if name in ATEN_ALLOWED or name.startswith(("check", "is_", "get_")) or name[:1].isupper():
+            continue
+        if ns.startswith(("cuda::", "indexing::", "detail::")) and not ns.startswith("cuda::blas"):
+            continue
+        hits.add(
+            "D11.torch-op",
+            f"ATen compute in C++: {m.group(0).strip()[:60]}",
+            f"{path}:{_line(code, m.start())}",
+        )
+    for m in TENSOR_METHOD.finditer(code):
+        hits.add(
+            "D11.torch-op", f"ATen tensor method in C++: .{m.group(1)}()", f"{path}:{_line(code, m.start())}"
+        )
+    if fp32:
+        for m in PRECISION.finditer(code):
+            hits.add(
+                "D11.precision",
+                f"reduced precision: {m.group(0).strip()[:60]}",
+                f"{path}:{_line(code, m.start())}",
+            )
+        with_strings, _ = strip(raw, keep_strings=True)
+        for m in re.finditer(r"\.(?:tf32|f16|bf16|e4m3|e5m2)(?:x2)?\b", with_strings):
+            hits.add(
+                "D11.precision",
+                f"reduced precision in inline PTX: {m.group(0)}",
+                f"{path}:{_line(with_strings, m.start())}",
+            )
+
+
+def _state(path: str, code: str, hits: Hits) -> None:
+    """Function statics and namespace-scope variables that can keep tensors, pointers or maps across calls."""
+    for m in STATIC_VAR.finditer(code):
+        decl = m.group(1) + m.group(2)
+        if SUSPECT_TYPE.search(m.group(1)):
+            hits.add(
+                "D11.output-cache",
+                f"static state in C++: {decl.strip()[:60]}",
+                f"{path}:{_line(code, m.start())}",
+            )
+    for start, stmt in _globals(code):
+        text = " ".join(stmt.split())
+        if not text or text.startswith(
+            ("using", "typedef", "template", "extern", "constexpr", "static_assert")
+        ):
+            continue
+        head = text.split("=", 1)[0]
+        if "(" in head or re.match(r"(?:const|static\s+const)\b", text) or "static" in head.split():
+            continue
+        if re.search(r"\b(?:struct|class|enum|union)\b", head):
+            continue
+        if SUSPECT_TYPE.search(head) and re.search(r"\w\s*$", head):
+            hits.add("D11.output-cache", f"global state in C++: {text[:60]}", f"{path}:{_line(code, start)}")
+
+
+def _kernels(
+    stripped: dict[str, tuple[str, list[tuple[int, str]]]],
+    all_code: str,
+    consts: dict[str, str],
+    hits: Hits,
+    res: CppResult,
+) -> None:
+    launched: set[str] = set()
+    any_launch = False
+    opt_in = "cudaFuncAttributeMaxDynamicSharedMemorySize" in all_code
+    for path, (code, _) in stripped.items():
+        clean = re.sub(r"__launch_bounds__\s*\([^)]*\)", " ", code)
+        for m in KERNEL_DEF.finditer(clean):
+            res.kernels.append(m.group(2))
+            static = 0
+            for s in SHARED.finditer(_body(clean, m.end())):
+                size = TYPE_SIZES.get(s.group(1).split("::")[-1], 4)
+                for dim in re.findall(r"\[([^\]]+)\]", s.group(3)):
+                    v = evaluate(dim, consts)
+                    size = size * v if v is not None else 0
+                static += size
+            if static > SMEM_DEFAULT:
+                hits.add("D11.smem-limit", f"kernel {m.group(2)} declares {static} B of static shared memory",
+                         f"{path}:{_line(clean, m.start())}")  # fmt: skip
+        for m in LAUNCH.finditer(code):
+            any_launch = True
+            launched.add(m.group(1))
+            cfg = [c.strip() for c in _split_args(m.group(2))]
+            if len(cfg) >= 3:
+                v = evaluate(cfg[2], consts)
+                where = f"{path}:{_line(code, m.start())}"
+                if v is not None and v > SMEM_MAX:
+                    hits.add(
+                        "D11.smem-limit",
+                        f"launch of {m.group(1)} asks {v} B of shared memory (> {SMEM_MAX})",
+                        where,
+                    )
+                elif v is not None and v > SMEM_DEFAULT and not opt_in:
+                    hits.add("D11.smem-limit", f"launch of {m.group(1)} asks {v} B dynamic shared memory without "
+                             "cudaFuncAttributeMaxDynamicSharedMemorySize", where)  # fmt: skip
+        if LAUNCH_API.search(code):
+            any_launch = True
+        for m in re.finditer(r"cudaFuncSetAttribute\s*\(([^;]*)\)\s*;", code):
+            parts = _split_args(m.group(1))
+            v = evaluate(parts[-1], consts) if len(parts) >= 3 else None
+            if v is not None and v > SMEM_MAX:
+                hits.add(
+                    "D11.smem-limit",
+                    f"opts in to {v} B of shared memory (> {SMEM_MAX})",
+                    f"{path}:{_line(code, m.start())}",
+                )
+        if LAUNCH.search(code) and not ERROR_CHECK.search(all_code):
+            hits.add(
+                "D11.unchecked-launch",
+                "kernel launches without cudaGetLastError / C10_CUDA_KERNEL_LAUNCH_CHECK",
+                path,
+            )
+    if res.kernels and not any_launch:
+        hits.add("D11.no-kernel-launch", f"__global__ kernels {', '.join(res.kernels[:6])} are never launched",
+                 next(iter(stripped)))  # fmt: skip
+    for name in res.kernels:
+        refs = len(re.findall(rf"\b{re.escape(name)}\b", all_code))
+        defs = len(re.findall(rf"__global__[^;{{()]*\b{re.escape(name)}\s*\(", all_code))
+        if name not in launched and refs <= defs:
+            hits.add(
+                "D11.unlaunched-kernel",
+                f"__global__ kernel {name} is never launched or referenced",
+                next(iter(stripped)),
+            )
+
+
+def _comments(stripped: dict[str, tuple[str, list[tuple[int, str]]]], res: CppResult, hits: Hits) -> None:
+    names = sorted((res.functions | set(res.kernels)) - NOT_KEYWORDS)
+    call = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\s*(?:<<<|\()[^;]*;") if names else None
+    for path, (_, comments) in stripped.items():
+        for ln, text in comments:
+            if "<<<" in text or (call is not None and call.search(text)):
+                hits.add("D11.commented-launch", f"commented-out call: {text.strip()[:80]}", f"{path}:{ln}")
+
+
+def _split_args(text: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for c in text:
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        if c == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += c
+    parts.append(cur)
+    return parts
