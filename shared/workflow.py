@@ -228,13 +228,15 @@ class Workflow:
     def _apply(self, job_id: str, decision: pipeline.Decision) -> None:
         """Saves the new loop state and carries out its actions (caller holds the job lock)."""
         self.jobs.save_state(job_id, decision.state.to_json())
-        job = self.jobs.get(job_id)
         state = decision.state
+        job = self.jobs.get(job_id)
         job.status.round = state.round
         job.status.replans = state.replans
         if state.best is not None:
             job.status.best_speedup_vs_eager = state.best.speedup
             job.status.best_candidate_id = f"r{state.best.round}c{state.best.index}"
+        job.updated_at.CopyFrom(_now())
+        self.jobs.put(job)
         with log_context(job_id=job.job_id, tenant_id=job.tenant_id):
             for action in decision.actions:
                 self._carry_out(job, state, action)
@@ -243,13 +245,8 @@ class Workflow:
         if job.status.state != new_state:
             job.status.state = new_state
             job.status.message = state.reason or state.phase.value
-            job.updated_at.CopyFrom(_now())
             self.jobs.put(job)
             self._event(job, jobs_pb2.EVENT_KIND_STATE, job.status.message, stage=state.phase.value)
-        else:
-            job.updated_at.CopyFrom(_now())
-            job.status.round = state.round
-            self.jobs.put(job)
 
     def _carry_out(self, job: jobs_pb2.Job, state: pipeline.LoopState, action: pipeline.Action) -> None:
         tenant, jid = job.tenant_id, job.job_id

@@ -21,7 +21,7 @@ from stitchcuda.api.v1 import gateway_pb2, jobs_pb2
 from stitchcuda.gateway.convert import TERMINAL_STATES, check_version, job_summary, unknown_field_paths
 from stitchcuda.gateway.settings import GatewaySettings
 from stitchcuda.gateway.tenancy import Tenancy, Tenant
-from stitchcuda.shared.artifacts import Keys
+from stitchcuda.shared.artifacts import Keys, sha256_hex
 from stitchcuda.shared.errors import InvalidRequest, NotFound, ProblemError, StitchError
 from stitchcuda.shared.problem import validate_source
 from stitchcuda.shared.workflow import Workflow
@@ -147,6 +147,13 @@ class JobService:
         self._validate(spec)
         self.tenancy.check_rate(tenant, "submits")
         job_id = uuid.uuid4().hex[:20]
+        if spec.idempotency_key:
+            # A replay maps to the same id, so it finds the first job before any quota or upload.
+            job_id = sha256_hex(tenant.tenant_id, spec.idempotency_key)[:20]
+            try:
+                return self.get(tenant, job_id)
+            except NotFound:
+                pass
         self.tenancy.admit(tenant, job_id, spec.device)
         try:
             # Stored before the job record exists: if S3 is down the submit fails cleanly (503) and

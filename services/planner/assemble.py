@@ -15,7 +15,8 @@ from stitchcuda.shared import devices
 SCHEMA_VERSION = 1
 K = plan_pb2.SubtaskKind
 PROTO_KIND = {
-    "elementwise": K.SUBTASK_KIND_ELEMENTWISE, "layout": K.SUBTASK_KIND_ELEMENTWISE, "gemm": K.SUBTASK_KIND_GEMM,
+    "elementwise": K.SUBTASK_KIND_ELEMENTWISE, "layout": K.SUBTASK_KIND_ELEMENTWISE,
+    "gemm": K.SUBTASK_KIND_GEMM,
     "conv": K.SUBTASK_KIND_CONV, "reduction": K.SUBTASK_KIND_REDUCTION, "norm": K.SUBTASK_KIND_NORM,
     "softmax": K.SUBTASK_KIND_SOFTMAX, "pool": K.SUBTASK_KIND_POOL, "attention": K.SUBTASK_KIND_ATTENTION,
     "rnn": K.SUBTASK_KIND_RNN, "opaque": K.SUBTASK_KIND_OPAQUE,
@@ -103,8 +104,8 @@ class Assembler:
                 for t in node.outputs:
                     add(inputs, t, name)
             if node.info.module is not None:
-                for p in node.info.module.params:
-                    add(inputs, p, p.name)
+                for param in node.info.module.params:
+                    add(inputs, param, param.name)
             for p in self.graph.inputs_of(node):
                 if p.name in members or p.kind == "host":
                     continue
@@ -112,7 +113,11 @@ class Assembler:
                 for t in specs:
                     add(inputs, t, self._source(p))
             readers = [u for u in self.graph.users_of(node) if u.name not in members and u.kind != "host"]
-            if readers and node.kind not in ("param", "host"):
+            aliases_input = node.kind == "layout" and self.graph.node(self._source(node)).kind in (
+                "input",
+                "param",
+            )
+            if readers and node.kind not in ("param", "host") and not aliases_input:
                 for t in self._read_elements(node, readers):
                     add(outputs, t, "out:" + self._source(node, members))
         return list(inputs.values()), list(outputs.values()), float(sum(source_bytes.values()))
@@ -165,7 +170,9 @@ class Assembler:
         if before:
             text += f", prologue {' -> '.join(before)}"
         if after:
-            text += f", epilogue {' -> '.join(after)}" + (" fused around the call" if group.library_call else "")
+            text += f", epilogue {' -> '.join(after)}" + (
+                " fused around the call" if group.library_call else ""
+            )
         return text
 
     def shares(self, subtasks: list[plan_pb2.Subtask]) -> bool:
@@ -247,7 +254,9 @@ def base_plan(ctx: Context) -> plan_pb2.Plan:
         torch_version=analysis.torch_version,
     )
     plan.total_bytes = float(
-        sum(t.bytes for t in analysis.inputs) + analysis.parameter_bytes + sum(t.bytes for t in analysis.outputs)
+        sum(t.bytes for t in analysis.inputs)
+        + analysis.parameter_bytes
+        + sum(t.bytes for t in analysis.outputs)
     )
     c = ctx.ceilings
     plan.ceilings.CopyFrom(
@@ -296,6 +305,8 @@ def last_resort(ctx: Context, reason: str, flops: float) -> plan_pb2.Plan:
     )
     plan.subtasks.append(st)
     plan.warnings.append(f"plan of last resort: {reason}")
-    plan.orchestration.notes.append("not captured: no fusion analysis, no CUDA graph (control flow may depend on data)")
+    plan.orchestration.notes.append(
+        "not captured: no fusion analysis, no CUDA graph (control flow may depend on data)"
+    )
     plan.orchestration.notes.extend(ctx.notes)
     return plan

@@ -59,7 +59,9 @@ def ceilings_for(settings: PlannerSettings, device: str, dtype: str, device_name
             matrix = settings.cuda_vector_tflops
         vector = settings.cuda_vector_tflops * (2.0 if dtype in HALF_DTYPES else 1.0)
         return Ceilings(device_name or "cuda", settings.cuda_bandwidth_gbps, vector, matrix)
-    return Ceilings(device_name or "cpu", settings.cpu_bandwidth_gbps, settings.cpu_tflops, settings.cpu_tflops)
+    return Ceilings(
+        device_name or "cpu", settings.cpu_bandwidth_gbps, settings.cpu_tflops, settings.cpu_tflops
+    )
 
 
 def _ints(text: str) -> list[int]:

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 from stitchcuda.planner.graph import OUTPUT, Graph, Node
 
-ANCHOR_KINDS = frozenset({"reduction", "softmax", "norm", "gemm", "conv", "pool", "attention", "rnn", "opaque"})
+ANCHOR_KINDS = frozenset(
+    {"reduction", "softmax", "norm", "gemm", "conv", "pool", "attention", "rnn", "opaque"}
+)
 # Anchors that can take an elementwise prologue in the same kernel (GEMM/conv stay library calls: cuBLAS
 # and cuDNN cannot apply a prologue, so an elementwise producer of a GEMM stays its own kernel).
 PROLOGUE_ANCHORS = frozenset({"reduction", "softmax", "norm", "pool"})
@@ -144,7 +146,9 @@ class Fuser:
                 group = self._joinable_tail(node)
                 if group is not None and group.kind in ("conv", "gemm"):
                     group.folded.append(node.name)
-                    group.notes.append(f"inference batch norm {node.name} folded into the {group.kind} at init")
+                    group.notes.append(
+                        f"inference batch norm {node.name} folded into the {group.kind} at init"
+                    )
                 else:
                     group = None
             elif node.kind in PROLOGUE_ANCHORS:
@@ -158,7 +162,7 @@ class Fuser:
         return self._ordered()
 
     def _attach_non_compute(self) -> None:
-        """Layout ops, shape arithmetic and parameter reads go with a neighbour: first reader, else producer."""
+        """Layout ops, shape arithmetic and parameter reads join a neighbour: first reader, else producer."""
         graph = self.graph
         pending = [n for n in graph.nodes if not n.compute and n.kind in ("layout", "host", "param")]
         for node in reversed(pending):
@@ -169,12 +173,16 @@ class Fuser:
         for node in pending:
             if node.name in self.group_of:
                 continue
-            group = next((self.group_of[p.name] for p in graph.inputs_of(node) if p.name in self.group_of), None)
+            group = next(
+                (self.group_of[p.name] for p in graph.inputs_of(node) if p.name in self.group_of), None
+            )
             if group is None:
                 group = next((g for g in self.groups if g.kind == "layout"), None)
                 if group is None:
                     group = Group(nodes=[], kind="layout", open=False)
-                    group.notes.append("data movement only (views and copies the program returns); no arithmetic")
+                    group.notes.append(
+                        "data movement only (views and copies the program returns); no arithmetic"
+                    )
                     self.groups.append(group)
             self._add(group, node)
         index = {n.name: n.index for n in graph.nodes}

@@ -15,10 +15,12 @@ from stitchcuda.shared import ops
 EXTRA_KINDS: dict[str, str] = {
     **dict.fromkeys(
         ("masked_fill", "addcmul", "addcdiv", "lerp", "rsub", "eq", "ne", "lt", "gt", "le", "ge", "isnan",
-         "nan_to_num", "log2", "exp2", "log10", "tan", "atan", "asin", "acos", "sinh", "cosh", "erfc", "trunc",
+         "nan_to_num", "log2", "exp2", "log10", "tan", "atan", "asin", "acos", "sinh", "cosh", "erfc",
+         "trunc",
          "frac", "threshold", "hardshrink", "softshrink", "logical_and", "logical_or", "logical_not",
          "bitwise_and", "bitwise_or", "tril", "triu", "glu", "xlogy", "sigmoid_", "leaky_relu_", "square_",
-         "_to_copy", "type", "half", "bfloat16", "double", "int", "long", "bool", "true_divide", "floor_divide"),
+         "_to_copy", "type", "half", "bfloat16", "double", "int", "long", "bool", "true_divide",
+         "floor_divide"),
         "elementwise",
     ),
     **dict.fromkeys(("all", "any", "count_nonzero", "aminmax", "nansum", "nanmean"), "reduction"),
@@ -27,7 +29,8 @@ EXTRA_KINDS: dict[str, str] = {
     **dict.fromkeys(
         ("select", "slice", "alias", "detach", "zeros", "ones", "full", "empty", "arange", "lift_fresh_copy",
          "new_zeros", "new_ones", "new_empty", "new_full", "scalar_tensor", "empty_like", "full_like", "rand",
-         "randn", "rand_like", "randn_like", "split_with_sizes", "unbind", "as_strided", "movedim", "swapaxes",
+         "randn", "rand_like", "randn_like", "split_with_sizes", "unbind", "as_strided", "movedim",
+         "swapaxes",
          "index_select", "gather", "masked_select", "tile", "broadcast_to", "item", "tolist"),
         "layout",
     ),

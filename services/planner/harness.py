@@ -76,7 +76,11 @@ class Context:
     def line_of(self, exc: BaseException) -> int | None:
         """The last line of the reference in the exception's traceback."""
         line = None
-        if isinstance(exc, SyntaxError) and exc.filename and Path(exc.filename).resolve() == Path(self.reference):
+        if (
+            isinstance(exc, SyntaxError)
+            and exc.filename
+            and Path(exc.filename).resolve() == Path(self.reference)
+        ):
             line = exc.lineno
         for frame in traceback.extract_tb(exc.__traceback__):
             if frame.filename == self.reference:
@@ -125,11 +129,11 @@ class PinDevice(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-class Recorder(TorchDispatchMode):
+class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records the ATen ops dispatched inside it, in first-seen order, with counts."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.ops: dict[str, int] = {}
 
     def __torch_dispatch__(
@@ -160,7 +164,13 @@ def spec(name: str, value: Any) -> dict[str, Any]:
             "layout": layout_of(value),
             "bytes": value.numel() * value.element_size(),
         }
-    return {"name": name, "shape": [], "dtype": f"python:{type(value).__name__}", "layout": "scalar", "bytes": 0}
+    return {
+        "name": name,
+        "shape": [],
+        "dtype": f"python:{type(value).__name__}",
+        "layout": "scalar",
+        "bytes": 0,
+    }
 
 
 def flatten(name: str, value: Any) -> list[dict[str, Any]]:
@@ -205,9 +215,13 @@ def import_reference(ctx: Context) -> Any:
         spec_.loader.exec_module(module)
     except (Exception, SystemExit) as exc:
         raise ReferenceFailure("import", exc, ctx.line_of(exc)) from exc
-    missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not callable(getattr(module, n, None))]
+    missing = [
+        n for n in ("Model", "get_inputs", "get_init_inputs") if not callable(getattr(module, n, None))
+    ]
     if missing:
-        raise ReferenceFailure("definitions", NameError(f"the reference does not define {', '.join(missing)}"), None)
+        raise ReferenceFailure(
+            "definitions", NameError(f"the reference does not define {', '.join(missing)}"), None
+        )
     return module
 
 
@@ -266,7 +280,10 @@ def target_ref(node: torch.fx.Node) -> dict[str, str]:
         return {"module": "aten", "name": target.overloadpacket.__name__}
     if isinstance(target, torch._ops.OpOverloadPacket):
         return {"module": "aten", "name": target.__name__}
-    return {"module": str(getattr(target, "__module__", "") or ""), "name": getattr(target, "__name__", str(target))}
+    return {
+        "module": str(getattr(target, "__module__", "") or ""),
+        "name": getattr(target, "__name__", str(target)),
+    }
 
 
 def module_info(model: torch.nn.Module, path: str) -> dict[str, Any]:
@@ -421,7 +438,9 @@ def analyse(ctx: Context, module: Any) -> dict[str, Any]:
             if not nodes:
                 warnings.append(f"the captured graph could not be analysed: {failure.info['message']}")
                 gm, method = None, "none"
-    eager_flops, eager_aten, out = 0, {}, None
+    eager_flops: int = 0
+    eager_aten: dict[str, int] = {}
+    out: Any = None
     if gm is None:
         try:
             eager_flops, eager_aten, out = eager_counts(ctx, model, inputs)
@@ -500,7 +519,10 @@ def profile_ops(
     if cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     sync = synchronizer(device)
-    run = (lambda: Ranges(gm).run(*inputs)) if gm is not None else (lambda: model(*inputs))
+
+    def run() -> Any:
+        return Ranges(gm).run(*inputs) if gm is not None else model(*inputs)
+
     run()
     sync()
     with torch.profiler.profile(activities=activities) as prof:
@@ -512,7 +534,7 @@ def profile_ops(
     kernels: dict[str, list[float]] = {}
     for evt in prof.events():
         name = str(evt.name)
-        on_device = evt.device_type != torch.autograd.DeviceType.CPU
+        on_device = str(evt.device_type).rsplit(".", 1)[-1] != "CPU"
         if name.startswith(RANGE_PREFIX):
             key = name[len(RANGE_PREFIX) :]
             if on_device:  # the GPU-side span of the range (kineto's gpu_user_annotation)
@@ -520,7 +542,9 @@ def profile_ops(
             else:
                 total = float(evt.device_time_total if cuda else evt.cpu_time_total)
                 node_us[key] = node_us.get(key, 0.0) + total
-        elif (on_device if cuda else evt.cpu_parent is None or str(evt.cpu_parent.name).startswith(RANGE_PREFIX)):
+        elif (
+            on_device if cuda else evt.cpu_parent is None or str(evt.cpu_parent.name).startswith(RANGE_PREFIX)
+        ):
             us = float(evt.device_time_total if cuda else evt.cpu_time_total)
             slot = kernels.setdefault(name, [0.0, 0.0])
             slot[0] += us
@@ -561,7 +585,9 @@ def run_phase(ctx: Context, module: Any, analysis: dict[str, Any]) -> dict[str, 
         gm = torch.export.export(model, tuple(inputs)).module()
     with torch.no_grad():
         try:
-            result["node_ms"], result["kernels"] = profile_ops(model, inputs, gm, device, int(req["op_iters"]))
+            result["node_ms"], result["kernels"] = profile_ops(
+                model, inputs, gm, device, int(req["op_iters"])
+            )
         except Exception as exc:  # the profile is advisory: a failing profiler must not lose the plan
             result["warnings"].append(f"per-op profile failed: {type(exc).__name__}: {first_line(exc)}")
     result["profiler"] = f"torch.profiler ({device.type})"

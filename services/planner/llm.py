@@ -1,4 +1,4 @@
-"""The Planner's LLM port: an OpenAI-compatible chat endpoint with structured output, or a scripted stand-in."""
+"""The Planner's LLM port: an OpenAI-compatible chat endpoint with structured output, or a script."""
 
 from __future__ import annotations
 
@@ -64,9 +64,14 @@ class OpenAICompatibleLLM:
             try:
                 from openai import OpenAI
             except ImportError as exc:
-                raise Unavailable("the openai package is not installed (pip install 'stitchcuda[platform]')") from exc
+                raise Unavailable(
+                    "the openai package is not installed (pip install 'stitchcuda[platform]')"
+                ) from exc
             self._client = OpenAI(
-                base_url=self.base_url, api_key=self.api_key, timeout=self.timeout_s, max_retries=self.max_retries
+                base_url=self.base_url,
+                api_key=self.api_key,
+                timeout=self.timeout_s,
+                max_retries=self.max_retries,
             )
         return self._client
 

@@ -1,4 +1,4 @@
-"""Nsight Systems adapter: the reference's CUDA kernel timeline, summarised per kernel (skipped when absent)."""
+"""Nsight Systems adapter: the reference's CUDA kernels summarised from a timeline (skipped when absent)."""
 
 from __future__ import annotations
 
@@ -62,20 +62,37 @@ class NsysProfiler:
         with tempfile.TemporaryDirectory(prefix="stitch-nsys-") as tmp:
             work = Path(tmp)
             report = work / "timeline"
-            prefix = [exe, "profile", "--trace=cuda", "--sample=none", "--cpuctxsw=none", "--force-overwrite=true"]
+            prefix = [
+                exe,
+                "profile",
+                "--trace=cuda",
+                "--sample=none",
+                "--cpuctxsw=none",
+                "--force-overwrite=true",
+            ]
             prefix += ["--output", str(report)]
             request = self.runner.eager_request(device)
             budget = self.settings.nsys_timeout_s
             outcome = self.runner.execute_in(work, source, request, device, [("eager.json", budget)], prefix)
             if outcome.timed_out or outcome.eager is None or not outcome.eager.ok:
-                why = outcome.timed_out and f"timed out in {outcome.timed_out}" or outcome.stderr[-300:]
+                why = (outcome.timed_out and f"timed out in {outcome.timed_out}") or outcome.stderr[-300:]
                 return NsysSummary(warning=f"nsys profile failed: {why.strip()}")
             rep = next(work.glob("timeline*.nsys-rep"), None)
             if rep is None:
                 return NsysSummary(warning="nsys wrote no report")
             try:
                 stats = subprocess.run(
-                    [exe, "stats", "--report", "cuda_gpu_kern_sum", "--format", "csv", "--output", "-", str(rep)],
+                    [
+                        exe,
+                        "stats",
+                        "--report",
+                        "cuda_gpu_kern_sum",
+                        "--format",
+                        "csv",
+                        "--output",
+                        "-",
+                        str(rep),
+                    ],
                     capture_output=True,
                     text=True,
                     timeout=budget,
@@ -86,4 +103,6 @@ class NsysProfiler:
             kernels = parse_kernel_summary(stats.stdout, outcome.eager.iters + self.settings.profile_warmup)
             if not kernels:
                 return NsysSummary(warning=f"nsys stats gave no kernel table: {stats.stderr.strip()[-300:]}")
-            return NsysSummary(kernels=kernels, note="kernel times from an nsys timeline of the eager forward")
+            return NsysSummary(
+                kernels=kernels, note="kernel times from an nsys timeline of the eager forward"
+            )

@@ -37,7 +37,10 @@ def orchestrate(
     # Intermediates: tensors one subtask writes and another reads; shapes are static, so each can be
     # allocated once (at init or the first call) and reused, never per call.
     intermediates = [
-        (st.id, t) for st in subtasks for t in st.outputs if t.name not in program_outputs and len(subtasks) > 1
+        (st.id, t)
+        for st in subtasks
+        for t in st.outputs
+        if t.name not in program_outputs and len(subtasks) > 1
     ]
     if intermediates:
         orch.preallocate_intermediates = True
@@ -51,7 +54,8 @@ def orchestrate(
             total += size
             items.append(f"{t.name}{list(t.shape)} from {st_id}")
         orch.notes.append(
-            f"preallocate {len(items)} intermediate buffer(s), {_mib(total)} in all, once: " + ", ".join(items[:12])
+            f"preallocate {len(items)} intermediate buffer(s), {_mib(total)} in all, once: "
+            + ", ".join(items[:12])
         )
     else:
         orch.notes.append("single subtask: only the output is allocated per call")
@@ -64,7 +68,9 @@ def orchestrate(
         if len(ids) > 1:
             orch.concurrent_groups.append(",".join(ids))
     if orch.concurrent_groups:
-        orch.notes.append("subtasks listed together in concurrent_groups are independent: they may run on separate streams")
+        orch.notes.append(
+            "subtasks listed together in concurrent_groups are independent: they may run on separate streams"
+        )
 
     host_sync = [n.name for n in graph.nodes if n.target in HOST_SYNC_OPS]
     static = capture in ("fx", "export") and not host_sync
@@ -72,22 +78,33 @@ def orchestrate(
         orch.cuda_graphs = True
         floor_us = sum(st.floor_ms for st in subtasks) * 1e3
         orch.notes.append(
-            f"static shapes and control flow: capture the {len(subtasks)}-kernel forward in a CUDA graph after "
+            f"static shapes and control flow: capture the {len(subtasks)}-kernel forward in a CUDA graph "
+            "after "
             f"warm-up (launch cost ~{LAUNCH_US * len(subtasks):.0f} us against a floor of {floor_us:.1f} us)"
         )
     elif device == "cuda":
-        why = f"host synchronisation in {', '.join(host_sync)}" if host_sync else "control flow was not captured"
+        why = (
+            f"host synchronisation in {', '.join(host_sync)}"
+            if host_sync
+            else "control flow was not captured"
+        )
         orch.notes.append(f"no CUDA graph: {why}")
     else:
         orch.notes.append("CPU backend: no CUDA graphs; keep intermediates in preallocated buffers")
     if host_sync:
-        orch.notes.append(f"host synchronisation points (keep them out of the hot path): {', '.join(host_sync)}")
+        orch.notes.append(
+            f"host synchronisation points (keep them out of the hot path): {', '.join(host_sync)}"
+        )
 
     orch.init_time_transforms.extend(_init_transforms(graph, groups, device))
-    host = [n for n in graph.nodes if n.kind == "host" and n.target not in ("getattr", "getitem", "size", "dim")]
+    host = [
+        n for n in graph.nodes if n.kind == "host" and n.target not in ("getattr", "getitem", "size", "dim")
+    ]
     if host:
         names = ", ".join(f"{n.name} ({n.target})" for n in host[:8])
-        orch.notes.append(f"scalar arithmetic on shapes is host-side and constant per shape: compute it once ({names})")
+        orch.notes.append(
+            f"scalar arithmetic on shapes is host-side and constant per shape: compute it once ({names})"
+        )
     return orch
 
 
@@ -104,7 +121,8 @@ def _init_transforms(graph: Graph, groups: list[Group], device: str) -> list[str
         anchor = graph.by_name.get(group.anchor)
         for bn in group.folded:
             transforms.append(
-                f"{group.id}: fold {bn} (inference batch norm: running_mean, running_var, weight, bias, eps) into "
+                f"{group.id}: fold {bn} (inference batch norm: running_mean, running_var, weight, bias, "
+                "eps) into "
                 f"{anchor.name if anchor else 'the anchor'}'s weight and a per-channel bias, once at init"
             )
         if anchor is None or anchor.info.module is None:
@@ -115,20 +133,23 @@ def _init_transforms(graph: Graph, groups: list[Group], device: str) -> list[str
             weight = next((p for name, p in params.items() if name.endswith(".weight")), None)
             if weight is not None:
                 transforms.append(
-                    f"{group.id}: {weight.name}{list(weight.shape)} to channels_last once at init if the conv runs "
+                    f"{group.id}: {weight.name}{list(weight.shape)} to channels_last once at init if the "
+                    "conv runs "
                     "NHWC (tensor-core implicit GEMM); the input then needs the same layout"
                 )
         if anchor.kind == "gemm" and not group.library_call:
             weight = next((p for name, p in params.items() if name.endswith(".weight")), None)
             if weight is not None and len(weight.shape) == 2:
                 transforms.append(
-                    f"{group.id}: pre-transpose {weight.name}{list(weight.shape)} to [in, out] (K-major) at init "
+                    f"{group.id}: pre-transpose {weight.name}{list(weight.shape)} to [in, out] (K-major) "
+                    "at init "
                     "for coalesced tile loads"
                 )
         if cls in ("LSTM", "GRU", "RNN"):
             gates = {"LSTM": 4, "GRU": 3}.get(cls, 1)
             transforms.append(
-                f"{group.id}: per layer, concatenate weight_ih and weight_hh into one [{gates}H, I+H] matrix and "
+                f"{group.id}: per layer, concatenate weight_ih and weight_hh into one [{gates}H, I+H] "
+                "matrix and "
                 f"pre-add bias_ih + bias_hh at init, so each time step is one GEMM plus a fused gate kernel"
             )
     for node in graph.nodes:
@@ -137,7 +158,8 @@ def _init_transforms(graph: Graph, groups: list[Group], device: str) -> list[str
         for t in node.outputs:
             if len(t.shape) >= 2 and all(d == 1 for d in t.shape[1:]):
                 transforms.append(
-                    f"{node.name}{list(t.shape)} is a per-channel vector: flatten to [{t.shape[0]}] at init for "
+                    f"{node.name}{list(t.shape)} is a per-channel vector: flatten to [{t.shape[0]}] at "
+                    "init for "
                     "the epilogue"
                 )
     return transforms

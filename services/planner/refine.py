@@ -51,11 +51,13 @@ SCHEMA: dict[str, Any] = {
 
 SYSTEM = (
     "You are the fusion planner of StitchCUDA, which rewrites a PyTorch program as custom CUDA kernels. "
-    "You get the program's captured graph (op names, shapes, FLOPs, bytes, measured times) and a deterministic "
+    "You get the program's captured graph (op names, shapes, FLOPs, bytes, measured times) and a "
+    "deterministic "
     "plan that groups ops into kernels. Improve the grouping where a better kernel split exists (fewer round "
     "trips to memory, anchors that fuse their epilogues, library GEMM/conv kept where they win) and add host "
     "orchestration advice. Rules: list every compute op name exactly once across subtasks, spelled as given; "
-    "a subtask must not read another subtask's output if that one reads its own (no cycles); cuBLAS/cuDNN calls "
+    "a subtask must not read another subtask's output if that one reads its own (no cycles); "
+    "cuBLAS/cuDNN calls "
     "(library_call) cannot take an elementwise prologue. Answer with one JSON object following the schema, "
     "nothing else."
 )
@@ -223,7 +225,8 @@ def _group(
         group.folded = [
             n.name
             for n in nodes
-            if n.target == "batch_norm" and n.info.module is not None
+            if n.target == "batch_norm"
+            and n.info.module is not None
             and n.info.module.constants.get("training") == "False"
         ]
     if anchor is not None and group.library_call and any(n.index < anchor.index for n in nodes):

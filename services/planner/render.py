@@ -104,7 +104,8 @@ def render_plan(plan: plan_pb2.Plan) -> str:
         f"Plan for {plan.problem_name} on {c.device_name} ({plan.dtype}, capture: {plan.capture or 'none'}, "
         f"planner: {plan.planner}){'  [LAST RESORT]' if plan.last_resort else ''}",
         f"total {_si(plan.total_flops, 'FLOP')}, {_si(plan.total_bytes, 'B')} min traffic, floor "
-        f"{plan.floor_ms:.4f} ms on {c.bandwidth_gbps:.0f} GB/s / {c.vector_tflops:g}+{c.matrix_tflops:g} TFLOP/s; "
+        f"{plan.floor_ms:.4f} ms on {c.bandwidth_gbps:.0f} GB/s / "
+        f"{c.vector_tflops:g}+{c.matrix_tflops:g} TFLOP/s; "
         f"eager {plan.eager_ms:.4f} ms, torch.compile {plan.compile_ms:.4f} ms",
         "",
     ]

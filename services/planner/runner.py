@@ -1,11 +1,10 @@
-"""Runs the harness on an untrusted reference in a sandboxed subprocess, with deadlines, and reads its reports."""
+"""Runs the harness on an untrusted reference in a sandboxed subprocess, with deadlines; reads its reports."""
 
 from __future__ import annotations
 
 import functools
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -24,10 +23,18 @@ from stitchcuda.planner.settings import PlannerSettings
 HARNESS = Path(__file__).with_name("harness.py")
 # Variables the reference process may see; everything else (credentials, tokens) stays out.
 PASSED_ENV = (
-    "PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "NVIDIA_VISIBLE_DEVICES",
-    "STITCHCUDA_SIZE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCH_CUDA_ARCH_LIST", "CC", "CXX",
+    "PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME",
+    "NVIDIA_VISIBLE_DEVICES", "STITCHCUDA_SIZE", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+    "TORCH_CUDA_ARCH_LIST", "CC", "CXX",
 )  # fmt: skip
 POLL_S = 0.05
+# Sets the limits inside the child, then runs the harness in the same process (no preexec_fn: it is
+# unsafe when the Planner runs in a threaded server).
+LAUNCH = (
+    "import resource, runpy, sys; m = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_CORE, (0, 0)); "
+    "m and resource.setrlimit(resource.RLIMIT_AS, (m, m)); sys.argv = sys.argv[2:]; "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
 Report = TypeVar("Report", bound=BaseModel)
 
 
@@ -76,7 +83,8 @@ class ReferenceRunner:
         self.settings = settings
 
     def _command(self, work: Path, request: Path, device: str) -> list[str]:
-        base = [sys.executable, "-I", str(HARNESS), str(request)]
+        memory = self.settings.subprocess_memory_mb << 20 if device == "cpu" else 0
+        base = [sys.executable, "-I", "-c", LAUNCH, str(memory), str(HARNESS), str(request)]
         mode = self.settings.sandbox
         cuda = device == "cuda"
         exe = shutil.which("bwrap")
@@ -90,22 +98,13 @@ class ReferenceRunner:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         return env
 
-    def _limits(self, device: str) -> Any:
-        memory = self.settings.subprocess_memory_mb << 20 if device == "cpu" else 0
-
-        def apply() -> None:
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            if memory:
-                resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-
-        return apply
-
     def plan(self, source: str, *, device: str, run: bool, profile: bool) -> Outcome:
         """Analysis on the meta device, then (when it fits and `run`) a real forward and its profile."""
         s = self.settings
         request = {
-            "mode": "plan", "device": device, "run": run, "profile": profile, "max_real_bytes": s.max_real_bytes,
-            "warmup": s.profile_warmup, "iters": s.profile_iters, "op_iters": s.profile_op_iters, "seed": s.seed,
+            "mode": "plan", "device": device, "run": run, "profile": profile,
+            "max_real_bytes": s.max_real_bytes, "warmup": s.profile_warmup, "iters": s.profile_iters,
+            "op_iters": s.profile_op_iters, "seed": s.seed,
         }  # fmt: skip
         deadlines = [("analysis.json", s.analysis_timeout_s)]
         if run:
@@ -121,7 +120,13 @@ class ReferenceRunner:
     def eager_request(self, device: str) -> dict[str, Any]:
         """A bare timing loop (for an external profiler such as nsys to watch)."""
         s = self.settings
-        return {"mode": "eager", "device": device, "warmup": s.profile_warmup, "iters": s.profile_iters, "seed": s.seed}
+        return {
+            "mode": "eager",
+            "device": device,
+            "warmup": s.profile_warmup,
+            "iters": s.profile_iters,
+            "seed": s.seed,
+        }
 
     def _execute(
         self, source: str, request: dict[str, Any], device: str, deadlines: list[tuple[str, float]]
@@ -157,7 +162,6 @@ class ReferenceRunner:
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 start_new_session=True,
-                preexec_fn=self._limits(device),
             )
             try:
                 outcome.timed_out = self._wait(proc, work, deadlines)

@@ -60,7 +60,12 @@ class PlannerService:
         return self._llm
 
     def plan(
-        self, reference_source: str, *, problem_name: str = "problem", device: str = "cpu", profile: bool = True
+        self,
+        reference_source: str,
+        *,
+        problem_name: str = "problem",
+        device: str = "cpu",
+        profile: bool = True,
     ) -> plan_pb2.Plan:
         device = devices.resolve(device)
         validate_source(reference_source, max_bytes=self.settings.max_reference_bytes, name=problem_name)
@@ -73,7 +78,9 @@ class PlannerService:
             reference_sha256=sha256_hex(reference_source),
             device=device,
             analysis=analysis,
-            ceilings=ceilings_for(self.settings, device, problem_dtype(analysis), run.device_name if run else ""),
+            ceilings=ceilings_for(
+                self.settings, device, problem_dtype(analysis), run.device_name if run else ""
+            ),
             run=run,
             warnings=[*analysis.warnings, *warnings],
         )
@@ -101,14 +108,21 @@ class PlannerService:
         stage = outcome.timed_out or outcome.stage
         if outcome.timed_out and stage in REFERENCE_STAGES:
             raise ProblemError(
-                f"{name}: {STAGES.get(stage, stage)}: did not finish within {self.settings.analysis_timeout_s:g} s"
+                f"{name}: {STAGES.get(stage, stage)}: did not finish within "
+                f"{self.settings.analysis_timeout_s:g} s"
             )
         if analysis is None and outcome.returncode not in (0, None) and stage in REFERENCE_STAGES:
-            raise ProblemError(f"{name}: the reference crashed during {stage} (exit status {outcome.returncode})")
+            raise ProblemError(
+                f"{name}: the reference crashed during {stage} (exit status {outcome.returncode})"
+            )
         why = (
             f"analysis timed out in {stage}"
             if outcome.timed_out
-            else (analysis.internal_error.strip().splitlines()[-1] if analysis and analysis.internal_error else "")
+            else (
+                analysis.internal_error.strip().splitlines()[-1]
+                if analysis and analysis.internal_error
+                else ""
+            )
             or outcome.unreadable
             or f"the analysis process ended without a report (exit status {outcome.returncode}): "
             + outcome.stderr.strip()[-300:]
@@ -130,7 +144,8 @@ class PlannerService:
             size = (analysis.input_bytes + analysis.parameter_bytes) / (1 << 30)
             warnings.append(
                 f"inputs and parameters ({size:.2f} GiB) exceed max_real_bytes "
-                f"({self.settings.max_real_bytes / (1 << 30):.2f} GiB): planned on the meta device only, not run"
+                f"({self.settings.max_real_bytes / (1 << 30):.2f} GiB): planned on the meta device only, "
+                "not run"
             )
         elif outcome.timed_out:
             warnings.append(
@@ -138,7 +153,9 @@ class PlannerService:
                 "not profiled"
             )
         elif run is not None and run.internal_error:
-            warnings.append(f"the real run failed inside the planner: {run.internal_error.strip().splitlines()[-1]}")
+            warnings.append(
+                f"the real run failed inside the planner: {run.internal_error.strip().splitlines()[-1]}"
+            )
         else:
             warnings.append(f"the real run gave no report (exit status {outcome.returncode})")
         return None
@@ -150,10 +167,13 @@ class PlannerService:
             result = compiled.compiled
             if result is not None and result.ok and result.compile_ms is not None:
                 ctx.compile_ms = result.compile_ms.median
-                ctx.notes.append(f"torch.compile: {result.compile_s:.1f} s to compile, {ctx.compile_ms:.4f} ms per call")
+                ctx.notes.append(
+                    f"torch.compile: {result.compile_s:.1f} s to compile, {ctx.compile_ms:.4f} ms per call"
+                )
             elif compiled.timed_out:
                 ctx.warnings.append(
-                    f"torch.compile did not finish within {self.settings.compile_timeout_s:g} s: compile_ms not measured"
+                    f"torch.compile did not finish within {self.settings.compile_timeout_s:g} s: "
+                    "compile_ms not measured"
                 )
             else:
                 why = (result.error if result is not None else "") or compiled.stderr.strip()[-300:]
@@ -175,7 +195,8 @@ class PlannerService:
             return last_resort(ctx, reason, flops)
         if analysis.capture == "export":
             ctx.warnings.append(
-                f"torch.fx could not trace the forward ({analysis.capture_error}); captured with torch.export "
+                f"torch.fx could not trace the forward ({analysis.capture_error}); captured with "
+                "torch.export "
                 "instead: op names are ATen-level and differ from an fx trace"
             )
         try:
@@ -199,7 +220,9 @@ class PlannerService:
         try:
             answer = llm.complete(refine.messages(plan, graph), refine.SCHEMA)
         except Exception as exc:
-            plan.warnings.append(f"LLM refinement failed ({type(exc).__name__}: {exc}); kept the deterministic plan")
+            plan.warnings.append(
+                f"LLM refinement failed ({type(exc).__name__}: {exc}); kept the deterministic plan"
+            )
             return plan
         try:
             refinement = refine.parse(answer, graph, library_gemm=self.settings.library_gemm)
@@ -232,4 +255,3 @@ def coverage_errors(graph: Graph, plan: plan_pb2.Plan) -> list[str]:
         if count.get(node.name, 0) != 1:
             errors.append(f"{node.name} is in {count.get(node.name, 0)} subtasks")
     return errors
-

@@ -1,4 +1,4 @@
-"""Planner settings: subprocess limits, profiling, device ceilings and the optional LLM (env STITCH_PLANNER_*)."""
+"""Planner settings: subprocess limits, profiling, device ceilings, the optional LLM (STITCH_PLANNER_*)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ def _env(name: str, *fallbacks: str, **kwargs: Any) -> Any:
 class PlannerSettings(CommonSettings):
     """What the Planner needs to analyse, profile and (optionally) refine a plan with an LLM."""
 
-    model_config = SettingsConfigDict(env_prefix="STITCH_", env_file=None, extra="ignore", populate_by_name=True)
+    model_config = SettingsConfigDict(
+        env_prefix="STITCH_", env_file=None, extra="ignore", populate_by_name=True
+    )
 
     # The reference runs in a subprocess: each phase has its own deadline, so a slow profile or a slow
     # torch.compile never costs the analysis.
@@ -74,4 +76,6 @@ class PlannerSettings(CommonSettings):
     llm_max_retries: int = _env("llm_max_retries", default=1, ge=0)
     llm_temperature: float = _env("llm_temperature", default=0.0, ge=0)
     # "json_schema" asks the server for schema-guided decoding (vLLM, OpenAI); "json_object" only for JSON.
-    llm_response_format: Literal["json_schema", "json_object"] = _env("llm_response_format", default="json_schema")
+    llm_response_format: Literal["json_schema", "json_object"] = _env(
+        "llm_response_format", default="json_schema"
+    )

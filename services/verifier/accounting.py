@@ -77,7 +77,7 @@ def global_symbols(sources: dict[str, str]) -> set[str]:
 
 
 def _contains(outer: dict[str, Any], inner_ts: float, tid: str) -> bool:
-    return outer["tid"] == tid and outer["ts"] <= inner_ts <= outer["ts"] + outer["dur"]
+    return bool(outer["tid"] == tid and outer["ts"] <= inner_ts <= outer["ts"] + outer["dur"])
 
 
 def _top_level(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:

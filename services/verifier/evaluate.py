@@ -46,28 +46,41 @@ class Policy:
     clock_slack_ms: float
 
 
+# Runtime rules a problem's policy may soften (VerifyPolicy.allowed_rules). Tampering, crashes, wrong
+# answers and integrity violations (D1, D3, D5, D8, D9) are never softened.
+DOWNGRADABLE = ("D4.", "D6.", "D7.", "D10.")
+
+
 class FindingList:
-    """Collects findings; rules named in policy.allowed_rules are downgraded from REJECT to WARNING."""
+    """Collects findings; downgradable rules named in allowed_rules drop from REJECT to WARNING."""
 
     def __init__(self, allowed: list[str]) -> None:
         self.allowed = [a for a in allowed if a]
         self.items: list[verify_pb2.Finding] = []
 
-    def add(self, rule: str, severity: str | int, detail: str, where: str = "") -> None:
+    def add(
+        self, rule: str, severity: str | int, detail: str, where: str = "", *, as_is: bool = False
+    ) -> None:
         level = SEVERITY[severity] if isinstance(severity, str) else int(severity)
-        if level == verify_pb2.SEVERITY_REJECT and any(rule == a or rule.startswith(a) for a in self.allowed):
+        if (
+            not as_is
+            and level == verify_pb2.SEVERITY_REJECT
+            and rule.startswith(DOWNGRADABLE)
+            and any(rule == a or rule.startswith(a) for a in self.allowed)
+        ):
             level = verify_pb2.SEVERITY_WARNING
             detail = f"{detail} (allowed by policy)"
         for f in self.items:
             if f.rule == rule and f.detail == detail[:600] and f.where == where[:200]:
                 return
-        self.items.append(
-            verify_pb2.Finding(rule=rule, severity=level, detail=detail[:600], where=where[:200])
-        )  # type: ignore[arg-type]
+        finding = verify_pb2.Finding(rule=rule, detail=detail[:600], where=where[:200])
+        finding.severity = verify_pb2.Severity.ValueType(level)
+        self.items.append(finding)
 
     def extend(self, findings: list[verify_pb2.Finding]) -> None:
+        """Adds findings whose severity their producer already settled (the static scan's policy)."""
         for f in findings:
-            self.add(f.rule, int(f.severity), f.detail, f.where)
+            self.add(f.rule, int(f.severity), f.detail, f.where, as_is=True)
 
     def rejects(self) -> list[verify_pb2.Finding]:
         found = [f for f in self.items if f.severity == verify_pb2.SEVERITY_REJECT]
@@ -327,8 +340,8 @@ def profile(
         if candidate_ms > 0:
             result.achieved_bandwidth_gbs = nbytes / (candidate_ms * 1e-3) / 1e9
             result.achieved_tflops = flops / (candidate_ms * 1e-3) / 1e12
-        for k in result.kernels:
-            k.bound = floor.bound
+        for stat in result.kernels:
+            stat.bound = floor.bound
     return result, acc
 
 

@@ -41,17 +41,17 @@ def render(v: verify_pb2.Verdict, *, max_kernels: int = 8) -> str:
         if c.shape_probe.name:
             verdict = "ok" if c.shape_probe.ok else f"fails: {c.shape_probe.detail}"
             lines.append(f"  Off-shape probe {c.shape_probe.name}: {verdict}")
-    t = v.timing
-    if t.iterations:
+    tm = v.timing
+    if tm.iterations:
         parts = [
-            f"candidate {_ms(t.median_ms)} median (p10 {_ms(t.p10_ms)}, p90 {_ms(t.p90_ms)}, "
-            f"n={t.iterations}; "
-            f"wall {_ms(t.wall_median_ms)})",
-            f"eager {_ms(t.eager_ms)} ({t.speedup_vs_eager:.2f}x)",
+            f"candidate {_ms(tm.median_ms)} median (p10 {_ms(tm.p10_ms)}, p90 {_ms(tm.p90_ms)}, "
+            f"n={tm.iterations}; "
+            f"wall {_ms(tm.wall_median_ms)})",
+            f"eager {_ms(tm.eager_ms)} ({tm.speedup_vs_eager:.2f}x)",
         ]
         parts.append(
-            f"torch.compile {_ms(t.compile_ms)} ({t.speedup_vs_compile:.2f}x)"
-            if t.compile_available
+            f"torch.compile {_ms(tm.compile_ms)} ({tm.speedup_vs_compile:.2f}x)"
+            if tm.compile_available
             else "torch.compile n/a"
         )
         lines.append("Timing: " + " | ".join(parts))

@@ -55,7 +55,10 @@ class CandidateRunner:
         ref: ReferenceResult,
         *,
         timeout_s: float,
+        quick: bool = False,
+        prefix: list[str] | None = None,
     ) -> CandidateRun:
+        """One sandboxed run of the whole schedule (quick: two calls only, for profiling tools)."""
         plan = ref.plan
         root = Path(tempfile.mkdtemp(prefix="cand-", dir=self._run_root()))
         try:
@@ -110,6 +113,8 @@ class CandidateRunner:
                 "memory": memory,
                 "threads": self.settings.runner_threads or None,
             }
+            if quick:
+                header.update(steps=steps[:2], warmup=1, iterations=1, late="", offshape=None)
             payload = wire.dumps(
                 {
                     "init_inputs": ref.init_inputs,
@@ -132,6 +137,8 @@ class CandidateRunner:
                 timeout_s=timeout_s,
                 memory_bytes=int(gb * (1 << 30)),
                 label="candidate",
+                prefix=list(prefix or []),
+                log_limit=200_000 if prefix else 6000,
             )
             outcome = self.sandbox.run(spec)
         finally:

@@ -79,6 +79,9 @@ class RunSpec:
     label: str
     extra_env: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
+    # A tool that wraps the interpreter (ncu); it runs inside the sandbox too.
+    prefix: list[str] = field(default_factory=list)
+    log_limit: int = 6000
 
 
 @dataclass
@@ -274,7 +277,7 @@ class Sandbox:
             if self.mode == "bwrap"
             else str(HARNESS_DIR)
         )
-        runner = [sys.executable, "-I", f"{harness}/{spec.script}", "--job-fd", str(job_fd)]
+        runner = [*spec.prefix, sys.executable, "-I", f"{harness}/{spec.script}", "--job-fd", str(job_fd)]
         runner += ["--result-fd", str(result_fd), "--uid", str(uid), "--gid", str(uid)]
         work = self.inside("work", spec.mounts)
         if self.mode != "bwrap":
@@ -371,7 +374,7 @@ class Sandbox:
             timed_out=timed_out,
             memory_exceeded=memory_exceeded,
             wire_error=errors[0] if errors else "",
-            log_tail=_tail(log_path),
+            log_tail=_tail(log_path, spec.log_limit),
             seconds=seconds,
             sandbox=self.mode,
         )
@@ -478,7 +481,8 @@ def _children(pid: int) -> list[int]:
 
 
 def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
+    out: list[int] = []
+    todo = [pid]
     while todo and len(out) < 5000:
         current = todo.pop()
         out.append(current)

@@ -20,7 +20,8 @@ from stitchcuda.shared import candidate as candidate_format
 from stitchcuda.shared import devices
 from stitchcuda.shared.artifacts import ArtifactStore, LocalArtifactStore, sha256_hex
 from stitchcuda.shared.errors import InvalidRequest, Unavailable
-from stitchcuda.verifier import evaluate, feedback
+from stitchcuda.verifier import evaluate, feedback, ncu
+from stitchcuda.verifier.accounting import Accounting
 from stitchcuda.verifier.build import Builder
 from stitchcuda.verifier.evaluate import FindingList, Policy
 from stitchcuda.verifier.probes import build_plan
@@ -29,6 +30,8 @@ from stitchcuda.verifier.runner import CandidateRun, CandidateRunner
 from stitchcuda.verifier.sandbox import Sandbox
 from stitchcuda.verifier.settings import VerifierSettings
 
+StaticScan = Callable[..., list[verify_pb2.Finding]]
+static_scan: StaticScan | None
 try:  # the AST checks (D11) live in their own module, written separately
     from stitchcuda.verifier.static import scan as static_scan
 except ImportError:  # pragma: no cover - only while static.py does not exist yet
@@ -180,7 +183,7 @@ class VerifierService:
 
         report("compare", 0.9)
         try:
-            self._evaluate(run, ref, candidate, pol, plan, verdict, findings)
+            self._evaluate(run, ref, candidate, ext_dir, pol, plan, verdict, findings)
         except Exception as exc:  # malformed data from a hostile run must not crash the worker
             log.exception("evaluation of candidate %s failed", candidate.candidate_id)
             findings.add(
@@ -194,6 +197,7 @@ class VerifierService:
         run: CandidateRun,
         ref: ReferenceResult,
         candidate: code_pb2.Candidate,
+        ext_dir: Path,
         pol: Policy,
         plan: plan_pb2.Plan | None,
         verdict: verify_pb2.Verdict,
@@ -205,18 +209,57 @@ class VerifierService:
         verdict.correct = correct
         verdict.timing.CopyFrom(evaluate.timing(run, ref, pol, findings))
         sources = {f.path: f.content for f in candidate.files if not f.path.endswith(".py")}
-        profile, _acc = evaluate.profile(run, ref, sources, verdict.timing.median_ms, plan, pol, findings)
+        profile, acc = evaluate.profile(run, ref, sources, verdict.timing.median_ms, plan, pol, findings)
         verdict.profile.CopyFrom(profile)
+        if acc is not None and ref.device == "cuda" and verdict.correct and not findings.rejects():
+            self._ncu(candidate, ext_dir, ref, acc, verdict, findings)
         evaluate.memory(run, ref, findings)
         verdict.speedup_vs_eager = verdict.timing.speedup_vs_eager
         verdict.speedup_vs_compile = verdict.timing.speedup_vs_compile
         verdict.custom_kernel_share = verdict.profile.custom_share
 
+    def _ncu(
+        self,
+        candidate: code_pb2.Candidate,
+        ext_dir: Path,
+        ref: ReferenceResult,
+        acc: Accounting,
+        verdict: verify_pb2.Verdict,
+        findings: FindingList,
+    ) -> None:
+        """Nsight Compute counters for the top custom kernels, where ncu exists and works (feedback only)."""
+        exe = ncu.executable()
+        if self.settings.ncu == "off" or exe is None:
+            return
+        top = [k.name for k in acc.kernels if k.origin == "custom"][:3]
+        if not top:
+            return
+        run = self.candidates.run(
+            candidate,
+            ext_dir,
+            ref,
+            timeout_s=self.settings.ncu_timeout_s,
+            quick=True,
+            prefix=ncu.command(exe, top),
+        )
+        counters = ncu.parse(run.outcome.log_tail)
+        if not counters:
+            last = run.outcome.log_tail.strip().splitlines()[-1:] or ["no output"]
+            findings.add("profile.ncu-unavailable", "INFO", f"ncu gave no counters: {last[0][:200]}")
+            return
+        for stat in verdict.profile.kernels:
+            for name, values in counters.items():
+                if ncu.base_name(stat.name) == name:
+                    stat.counters.update(values)
+                    dram, sm = values.get("dram_pct", 0.0), values.get("sm_pct", 0.0)
+                    if dram or sm:
+                        stat.bound = "memory" if dram >= sm else "compute"
+
     def _static(self, candidate: code_pb2.Candidate, reference_source: str, findings: FindingList) -> None:
         if static_scan is None:
             return
         try:
-            findings.extend(list(static_scan(candidate, reference_source)))
+            findings.extend(list(static_scan(candidate, reference_source, findings.allowed)))
         except Exception as exc:  # a bug in the scanner must not sink an honest candidate
             log.exception("static scan failed")
             findings.add("D11.scan-error", "WARNING", f"static scan failed: {type(exc).__name__}: {exc}")

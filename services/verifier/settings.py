@@ -14,11 +14,11 @@ class VerifierSettings(CommonSettings):
     """Policy defaults, sandbox limits and cache locations of the Verifier."""
 
     # Correctness (D2/D3) and timing (D7) defaults; a VerifyPolicy overrides the non-zero fields.
-    trials: int = Field(3, ge=1, le=16)
-    timing_iterations: int = Field(20, ge=5, le=10_000)
-    warmup_iterations: int = Field(5, ge=1, le=1000)
-    timing_pool: int = Field(3, ge=3, le=16)
-    min_custom_share: float = Field(0.5, ge=0.0, le=1.0)
+    trials: int = Field(default=3, ge=1, le=16)
+    timing_iterations: int = Field(default=20, ge=5, le=10_000)
+    warmup_iterations: int = Field(default=5, ge=1, le=1000)
+    timing_pool: int = Field(default=3, ge=3, le=16)
+    min_custom_share: float = Field(default=0.5, ge=0.0, le=1.0)
     review_speedup: float = 10.0
     compile_baseline: bool = True
     # Tolerance: rel_L2 <= max(floor, factor * err(fp32 reference vs fp64)), and the same for rel-max.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import bisect
 import re
 from dataclasses import dataclass, field
 
@@ -22,16 +23,16 @@ _P = re.compile
 RULES: tuple[tuple[str, re.Pattern[str], str], ...] = (
     ("D11.thread", _P(r"\bstd::j?thread\b|\bpthread_create\b|\bstd::async\b|\bat::launch\s*\(|\bboost::thread\b"
                       r"|\.\s*detach\s*\(\s*\)|#\s*include\s*<(?:thread|future|pthread\.h)>"), "threads"),
-    ("D11.process", _P(r"(?<![\w:.>])(?:system|popen|fork|vfork|execv|execve|execvp|execl|execlp|posix_spawnp?"
+    ("D11.process", _P(r"\b(?<![:.>])(?:std::)?(?:system|popen|fork|vfork|execv|execve|execvp|execl|execlp|posix_spawnp?"
                        r"|kill|dlopen|dlsym)\s*\("), "processes or dynamic loading"),
-    ("D11.io", _P(r"(?<![\w:.>])(?:fopen|freopen|fdopen|opendir|readdir|open|openat|creat|unlink|remove|rename"
+    ("D11.io", _P(r"\b(?<![:.>])(?:std::)?(?:fopen|freopen|fdopen|opendir|readdir|open|openat|creat|unlink|rename"
                   r"|mkdir|stat|access|dup2?|fread|fwrite|mmap)\s*\(|\bstd::(?:i|o)?fstream\b|\bstd::filesystem\b"
                   r"|\bFILE\s*\*|#\s*include\s*<(?:fstream|filesystem|dirent\.h|fcntl\.h|unistd\.h)>"), "file access"),
-    ("D11.network", _P(r"(?<![\w:.>])(?:socket|connect|getaddrinfo|gethostbyname|curl_easy_\w+|curl_global_init)"
+    ("D11.network", _P(r"\b(?<![:.>])(?:std::)?(?:socket|connect|getaddrinfo|gethostbyname|curl_easy_\w+|curl_global_init)"
                        r"\s*\(|#\s*include\s*<(?:sys/socket\.h|netdb\.h|curl/curl\.h|arpa/inet\.h)>"), "network"),
-    ("D11.exit", _P(r"(?<![\w:.>])(?:exit|_exit|_Exit|abort|quick_exit|atexit|at_quick_exit|signal|sigaction)"
+    ("D11.exit", _P(r"\b(?<![:.>])(?:std::)?(?:exit|_exit|_Exit|abort|quick_exit|atexit|at_quick_exit|signal|sigaction)"
                     r"\s*\(|\bstd::(?:exit|_Exit|abort|quick_exit|atexit)\s*\("), "process exit or signal handlers"),
-    ("D11.environ", _P(r"(?<![\w:.>])(?:getenv|secure_getenv|setenv|putenv|unsetenv|clearenv)\s*\("
+    ("D11.environ", _P(r"\b(?<![:.>])(?:std::)?(?:getenv|secure_getenv|setenv|putenv|unsetenv|clearenv)\s*\("
                        r"|\bstd::getenv\s*\(|\benviron\b"), "the process environment"),
     ("D11.dynamic-code", _P(r"\b(?:PyRun_\w+|PyImport_\w+|PyEval_\w+|PyObject_Call\w*|Py_CompileString)\s*\("
                             r"|\bpy(?:bind11)?::module_?::import\s*\(|\bpy(?:bind11)?::(?:exec|eval|eval_file|globals)"
@@ -46,14 +47,14 @@ RULES: tuple[tuple[str, re.Pattern[str], str], ...] = (
     ("D11.library-call", _P(r"\b(?:cublas\w+|cudnn\w+|cblas_\w+|mkl_\w+|dnnl_\w+|cusparse\w+|cufft\w+|cutensor\w+)"
                             r"\s*\(|\bdnnl::\w+|\bat::cuda::blas::|\bgetCurrentCUDABlasHandle\b"), "vendor library compute"),
     ("D11.cuda-graph", _P(r"\bcudaGraph\w+|\bcudaStreamBeginCapture\b|\bcuGraph\w+"), "CUDA graphs"),
-    ("D11.print", _P(r"(?<![\w:.>])(?:printf|puts|fprintf|fputs|perror)\s*\(|\bstd::(?:cout|cerr|clog|printf|puts)\b"
+    ("D11.print", _P(r"\b(?<![:.>])(?:std::)?(?:printf|puts|fprintf|fputs|perror)\s*\(|\bstd::(?:cout|cerr|clog|printf|puts)\b"
                      r"|\bTORCH_WARN\w*"), "writes to stdout/stderr"),
-    ("D11.seed", _P(r"\bmanual_seed\s*\(|(?<![\w:.>])srand\s*\(|\bstd::srand\s*\("), "seeds a random generator"),
+    ("D11.seed", _P(r"\bmanual_seed\s*\(|\b(?<![:.>])srand\s*\(|\bstd::srand\s*\("), "seeds a random generator"),
     ("D11.memory-probe", _P(r"\bcudaMemGetInfo\b|\bcuMemGetInfo\b|\bcudaMalloc\w*\s*\(|\bcuMemAlloc\w*"
                             r"|\bCUDACachingAllocator::\w+"), "direct device memory"),
-    ("D11.timing", _P(r"\bstd::chrono\b|\bcudaEventElapsedTime\b|(?<![\w:.>])(?:clock_gettime|gettimeofday|usleep"
+    ("D11.timing", _P(r"\bstd::chrono\b|\bcudaEventElapsedTime\b|\b(?<![:.>])(?:std::)?(?:clock_gettime|gettimeofday|usleep"
                       r"|nanosleep|sleep)\s*\(|\bstd::this_thread::sleep_\w+|__nanosleep"), "clocks or sleeps"),
-    ("D11.nan-literal", _P(r"numeric_limits\s*<\s*\w+\s*>::quiet_NaN|\bNAN\b|(?<![\w:.>])nanf?\s*\(|CUDART_NAN\w*"
+    ("D11.nan-literal", _P(r"numeric_limits\s*<\s*\w+\s*>::quiet_NaN|\bNAN\b|\b(?<![:.>])nanf?\s*\(|CUDART_NAN\w*"
                            r"|\b0x7fc00000\b"), "NaN literals"),
     ("D11.identity-key", _P(r"data_ptr\s*(?:<[^<>;]*>)?\s*\(\s*\)\s*(?:==|!=)|(?:==|!=)\s*[\w.\->()]*data_ptr\b"
                             r"|\b_version\s*\(\s*\)|\bunsafeGetTensorImpl\b|\.\s*is_same\s*\("), "tensor identity"),
@@ -119,64 +120,39 @@ class CppResult:
     functions: set[str] = field(default_factory=set)
 
 
+_LEXEME = re.compile(
+    r'(?<![\w])R"(?P<delim>[^()\\\s]{0,16})\((?:.|\n)*?\)(?P=delim)"'
+    r'|//[^\n]*|/\*(?:.|\n)*?(?:\*/|\Z)'
+    r'|"(?:\\.|[^"\\\n])*"?|\'(?:\\.|[^\'\\\n])*\'?'
+)
+
+
+def _blank(text: str) -> str:
+    return re.sub(r"[^\n]", " ", text)
+
+
 def strip(text: str, keep_strings: bool = False) -> tuple[str, list[tuple[int, str]]]:
     """The text with comments (and string/char literal contents) blanked, newlines kept, and the comments."""
-    out: list[str] = []
     comments: list[tuple[int, str]] = []
-    i, n, ln = 0, len(text), 1
-    while i < n:
-        c = text[i]
-        if text.startswith("//", i):
-            j = text.find("\n", i)
-            j = n if j < 0 else j
-            comments.append((ln, text[i + 2 : j]))
-            out.append(" " * (j - i))
-            i = j
-        elif text.startswith("/*", i):
-            j = text.find("*/", i + 2)
-            j = n if j < 0 else j + 2
-            chunk = text[i:j]
-            for k, part in enumerate(chunk.split("\n")):
+    starts = [0] + [m.end() for m in re.finditer(r"\n", text)]
+
+    def repl(m: re.Match[str]) -> str:
+        lexeme = m.group(0)
+        if lexeme.startswith(("//", "/*")):
+            ln = bisect.bisect_right(starts, m.start())
+            body = lexeme[2:-2] if lexeme.startswith("/*") and lexeme.endswith("*/") else lexeme[2:]
+            for k, part in enumerate(body.split("\n")):
                 comments.append((ln + k, part.strip("/* ")))
-            out.append("".join("\n" if ch == "\n" else " " for ch in chunk))
-            ln += chunk.count("\n")
-            i = j
-        elif keep_strings and c in "\"'":
-            j = i + 1
-            while j < n and text[j] != c and text[j] != "\n":
-                j += 2 if text[j] == "\\" else 1
-            j = j + 1 if j < n and text[j] == c else j
-            out.append(text[i:j])
-            ln += text.count("\n", i, j)
-            i = j
-        elif (
-            c == "R"
-            and text.startswith('R"', i)
-            and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_"))
-        ):
-            m = re.match(r'R"([^()\\\s]{0,16})\(', text[i:])
-            end = text.find(")" + (m.group(1) if m else "") + '"', i) if m else -1
-            j = n if end < 0 else end + len(m.group(1) if m else "") + 2
-            chunk = text[i:j]
-            out.append('"' + "".join("\n" if ch == "\n" else " " for ch in chunk[2:-1]) + '"')
-            ln += chunk.count("\n")
-            i = j
-        elif c in "\"'":
-            j = i + 1
-            while j < n and text[j] != c and text[j] != "\n":
-                j += 2 if text[j] == "\\" else 1
-            closed = j < n and text[j] == c
-            j = j + 1 if closed else j
-            out.append("".join("\n" if ch == "\n" else " " for ch in text[i:j]))
-            out[-1] = c + out[-1][1:-1] + c if closed and j - i >= 2 else out[-1]
-            ln += text.count("\n", i, j)
-            i = j
-        else:
-            if c == "\n":
-                ln += 1
-            out.append(c)
-            i += 1
-    return "".join(out), comments
+            return _blank(lexeme)
+        if keep_strings:
+            return lexeme
+        quote = '"' if lexeme.startswith("R") else lexeme[0]
+        inner = lexeme[1:] if lexeme.startswith("R") else lexeme
+        if len(inner) >= 2 and inner.endswith(quote):
+            return (" " if lexeme.startswith("R") else "") + quote + _blank(inner[1:-1]) + quote
+        return _blank(lexeme)
+
+    return _LEXEME.sub(repl, text), comments
 
 
 def _line(code: str, pos: int) -> int:
@@ -275,7 +251,7 @@ def scan_sources(files: dict[str, str], hits: Hits, *, fp32: bool) -> CppResult:
     stripped = {path: strip(text) for path, text in files.items()}
     all_code = "\n".join(code for code, _ in stripped.values())
     consts = constants(all_code)
-    for path, (code, _comments) in stripped.items():
+    for path, (code, _notes) in stripped.items():
         _rules(path, code, hits, fp32, files[path])
         _state(path, code, hits)
         for m in STREAM_MAKE.finditer(code):
@@ -296,7 +272,7 @@ def _rules(path: str, code: str, hits: Hits, fp32: bool, raw: str) -> None:
             hits.add(rule, f"{what}: {m.group(0).strip()[:60]}", f"{path}:{_line(code, m.start())}")
     for m in ATEN_CALL.finditer(code):
         ns, name = m.group(1), m.group(2)
-        if name in ATEN_ALLOWED or name.startswith(("check", "is_", "get_")) or name[:1].isupper():
+        if name in ATEN_ALLOWED or name.startswith(("check", "is_", "get_", "set_")) or name[:1].isupper():
             continue
         if ns.startswith(("cuda::", "indexing::", "detail::")) and not ns.startswith("cuda::blas"):
             continue

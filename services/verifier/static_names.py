@@ -138,7 +138,8 @@ class Names:
         return q == self.ext_name or q.startswith(self.ext_name + ".") or q.startswith(f"torch.ops.{self.ext_name}.")
 
     def ext_aliases(self) -> set[str]:
-        return {name for name, q in self.aliases.items() if q == self.ext_name}
+        """Local names bound to the extension module or to one of its functions."""
+        return {name for name, q in self.aliases.items() if self.is_ext(q)}
 
 
 def module_rule(q: str) -> str | None:

@@ -163,7 +163,7 @@ class Evaluator:
         if node.attr in META_ATTRS:
             return retag(base, "M")
         if node.attr in ID_ATTRS:
-            return retag(base, "I", ("T", "A"))
+            return retag(base, "I", ("T", "A", "I"))
         if node.attr in {"T", "mT", "H", "mH", "real", "imag", "data"}:
             return base
         return no_alias(base)
@@ -202,6 +202,7 @@ class Evaluator:
         taints = [self.ev(p) for p in parts]
         allt = union(*taints)
         identity = all(isinstance(op, ast.Is | ast.IsNot) for op in node.ops)
+        membership = all(isinstance(op, ast.In | ast.NotIn | ast.Is | ast.IsNot) for op in node.ops)
         if has(allt, "I") and not identity:
             self.hit(
                 "D11.identity-key", "an input's identity (data_ptr/id/_version/storage) is compared", node
@@ -210,7 +211,7 @@ class Evaluator:
             self.hit(
                 "D11.call-counter", "a call counter bumped in forward is compared (phase detection)", node
             )
-        if has(allt, "T", "A") and not identity:
+        if has(allt, "T", "A") and not membership:
             self.hit("D11.torch-op", "elementwise comparison of input-derived tensors", node)
             return no_alias(data(allt))
         for p, t in zip(parts, taints, strict=True):
@@ -300,7 +301,7 @@ class Evaluator:
         if name == "len":
             return retag(allt, "M")
         if name in {"id", "hash"}:
-            return retag(allt, "I", ("T", "A"))
+            return retag(allt, "I", ("T", "A", "I"))
         if name in BUILTIN_HOST:
             if has(allt, "T", "A"):
                 self.hit("D11.host-read", f"{name}() reads input-derived data on the host", node)
@@ -346,7 +347,7 @@ class Evaluator:
         if m in META_METHODS:
             return retag(r, "M")
         if m in ID_METHODS:
-            return retag(r, "I", ("T", "A"))
+            return retag(r, "I", ("T", "A", "I"))
         if m in HOST_METHODS:
             if has(r, "T", "A"):
                 self.hit("D11.host-read", f".{m}() reads input-derived data on the host", node)

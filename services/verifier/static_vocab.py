@@ -289,7 +289,7 @@ KNOWN_MODULES = frozenset(
         "torch", "math", "typing", "typing_extensions", "__future__", "dataclasses", "functools",
         "itertools", "collections", "numbers", "enum", "abc", "operator", "triton", "numpy", "contextlib",
         "warnings", "copy", "time", "os", "sys", "builtins", "random", "logging", "string", "struct",
-        "cmath", "statistics", "types",
+        "cmath", "statistics", "types", "json",
     }
 )  # fmt: skip
 

@@ -73,6 +73,11 @@ def run_trace(source: str, *, init_source: str | None = None, timeout_s: float =
             tail = (proc.stderr or "").strip().splitlines()[-3:]
             raise TraceError(f"the tracing process died (exit {proc.returncode}): {' | '.join(tail)}")
         data = json.loads(out.read_text())
+    return trace_from_json(data)
+
+
+def trace_from_json(data: dict[str, Any]) -> Trace:
+    """The Trace for the tracing process's JSON answer (raises TraceError for a failed trace)."""
     if not data.get("ok"):
         where = f" ({data['where']})" if data.get("where") else ""
         raise TraceError(f"cannot trace the reference{where}: {data.get('error', 'unknown error')}")

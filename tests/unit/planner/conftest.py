@@ -6,11 +6,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
-from stitchcuda.api.v1 import plan_pb2
 from planner_support import SUITE, fast_settings
 
+from stitchcuda.api.v1 import plan_pb2
 from stitchcuda.planner.service import PlannerService
+
 
 @pytest.fixture(scope="session")
 def planner() -> PlannerService:

@@ -83,7 +83,9 @@ def test_import_and_construction_failures(planner: PlannerService) -> None:
     module_error = HEADER + "import not_a_real_package\n" + GEMM_MISMATCH[len(HEADER) :]
     with pytest.raises(ProblemError, match=r"does not import: line 4: ModuleNotFoundError"):
         plan(planner, module_error)
-    init_error = GEMM_MISMATCH.replace("self.fc = nn.Linear(256, 64)", "self.fc = nn.Linear(256, 64, nonsense=True)")
+    init_error = GEMM_MISMATCH.replace(
+        "self.fc = nn.Linear(256, 64)", "self.fc = nn.Linear(256, 64, nonsense=True)"
+    )
     line = line_of(init_error, "self.fc = ")
     with pytest.raises(ProblemError, match=rf"Model\(\*get_init_inputs\(\)\) fails: line {line}: TypeError"):
         plan(planner, init_error)
@@ -112,7 +114,9 @@ def test_a_failure_that_needs_real_data_is_found_on_real_tensors(planner: Planne
         """
     )
     line = line_of(text, "raise ValueError")
-    with pytest.raises(ProblemError, match=rf"fails on its own inputs: line {line}: ValueError: values are too small"):
+    with pytest.raises(
+        ProblemError, match=rf"fails on its own inputs: line {line}: ValueError: values are too small"
+    ):
         plan(planner, text)
 
 

@@ -75,12 +75,16 @@ def test_elementwise_chain_reads_and_writes_once(suite_plans: dict[str, plan_pb2
     assert plan.total_flops == 4 * c.BATCH * c.DIM
 
 
-def test_program_floor_is_the_roofline_on_the_reported_ceilings(suite_plans: dict[str, plan_pb2.Plan]) -> None:
+def test_program_floor_is_the_roofline_on_the_reported_ceilings(
+    suite_plans: dict[str, plan_pb2.Plan],
+) -> None:
     for name in ("01_elementwise_chain", "06_gemm_bias_relu"):
         plan = suite_plans[name]
         c = plan.ceilings
         assert c.bandwidth_gbps == 100.0 and c.vector_tflops == 2.0 and c.source == "settings"
-        expected = max(plan.total_bytes / (c.bandwidth_gbps * 1e9), plan.total_flops / (c.vector_tflops * 1e12))
+        expected = max(
+            plan.total_bytes / (c.bandwidth_gbps * 1e9), plan.total_flops / (c.vector_tflops * 1e12)
+        )
         assert math.isclose(plan.floor_ms, expected * 1e3, rel_tol=1e-9)
     assert suite_plans["01_elementwise_chain"].subtasks[0].bound == "memory"
     assert suite_plans["06_gemm_bias_relu"].subtasks[0].bound == "compute"
@@ -103,7 +107,9 @@ def test_cuda_ceilings_defaults_are_explicit() -> None:
         (1e6, 0.0, 400e9, 1.0, "compute"),  # tensor-core FLOPs use the matrix peak
     ],
 )
-def test_ceilings_floor_and_bound(bytes_: float, vector: float, matrix: float, floor: float, bound: str) -> None:
+def test_ceilings_floor_and_bound(
+    bytes_: float, vector: float, matrix: float, floor: float, bound: str
+) -> None:
     c = Ceilings("h200", 4300.0, 60.0, 400.0)
     assert math.isclose(c.floor_ms(bytes_, vector, matrix), floor, rel_tol=1e-9)
     assert c.bound(bytes_, vector, matrix) == bound

@@ -104,11 +104,18 @@ def test_a_valid_answer_refines_the_fusion_boundaries() -> None:
     with ChatServer([(200, json.dumps(SPLIT_ATTENTION))]) as server:
         plan = service_for(server).plan(source("12"), problem_name="12_attention", profile=False)
     assert plan.planner == "deterministic+llm (planner-7b)"
-    assert [st.kind for st in plan.subtasks] == [K.SUBTASK_KIND_GEMM, K.SUBTASK_KIND_SOFTMAX, K.SUBTASK_KIND_GEMM]
+    assert [st.kind for st in plan.subtasks] == [
+        K.SUBTASK_KIND_GEMM,
+        K.SUBTASK_KIND_SOFTMAX,
+        K.SUBTASK_KIND_GEMM,
+    ]
     assert [st.library_call for st in plan.subtasks] == [True, False, True]
     assert plan.subtasks[1].depends_on == ["st1"] and plan.subtasks[2].depends_on == ["st2"]
     assert "llm: row softmax, one warp per row" in plan.subtasks[1].notes
-    assert "llm: rationale: cuBLAS batched GEMMs beat a hand-written flash kernel at S=64" in plan.orchestration.notes
+    assert (
+        "llm: rationale: cuBLAS batched GEMMs beat a hand-written flash kernel at S=64"
+        in plan.orchestration.notes
+    )
     assert sum(st.flops for st in plan.subtasks) == plan.total_flops
     (request,) = server.requests
     assert request["model"] == "planner-7b"
@@ -128,8 +135,12 @@ def test_an_invalid_answer_keeps_the_deterministic_plan_with_a_warning() -> None
     for plan in (not_json, failed):
         assert plan.planner == "deterministic"
         assert [st.kind for st in plan.subtasks] == [K.SUBTASK_KIND_ATTENTION]
-    assert any(w.startswith("LLM refinement rejected: not JSON") for w in not_json.warnings), list(not_json.warnings)
-    assert any(w.startswith("LLM refinement failed (Unavailable") for w in failed.warnings), list(failed.warnings)
+    assert any(w.startswith("LLM refinement rejected: not JSON") for w in not_json.warnings), list(
+        not_json.warnings
+    )
+    assert any(w.startswith("LLM refinement failed (Unavailable") for w in failed.warnings), list(
+        failed.warnings
+    )
 
 
 def answer(**changes: Any) -> str:
@@ -163,7 +174,9 @@ def test_answers_are_validated_against_the_graph(attention_graph: Graph, text: s
 
 
 def test_layout_names_in_an_answer_are_reattached(attention_graph: Graph) -> None:
-    text = answer(subtasks=[{"ops": ["transpose", "matmul", "truediv", "softmax", "matmul_1"], "kind": "attention"}])
+    text = answer(
+        subtasks=[{"ops": ["transpose", "matmul", "truediv", "softmax", "matmul_1"], "kind": "attention"}]
+    )
     result = refine.parse(text, attention_graph)
     (group,) = result.groups
     assert group.kind == "attention"
@@ -174,7 +187,9 @@ def test_the_scripted_llm_and_the_openai_adapter_agree_on_the_port() -> None:
     scripted = ScriptedLLM([json.dumps(SPLIT_ATTENTION)])
     assert json.loads(scripted.complete([{"role": "user", "content": "x"}], refine.SCHEMA)) == SPLIT_ATTENTION
     assert scripted.requests == [[{"role": "user", "content": "x"}]]
-    adapter = OpenAICompatibleLLM.from_settings(fast_settings(llm_base_url="http://example.invalid/v1", llm_model="m"))
+    adapter = OpenAICompatibleLLM.from_settings(
+        fast_settings(llm_base_url="http://example.invalid/v1", llm_model="m")
+    )
     assert adapter.name == "m"
 
 
@@ -185,7 +200,9 @@ def no_llm_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def test_llm_settings_read_planner_then_shared_environment(monkeypatch: pytest.MonkeyPatch, no_llm_env: None) -> None:
+def test_llm_settings_read_planner_then_shared_environment(
+    monkeypatch: pytest.MonkeyPatch, no_llm_env: None
+) -> None:
     monkeypatch.setenv("STITCH_LLM_MODEL", "shared-model")
     monkeypatch.setenv("STITCH_LLM_ENABLED", "true")
     assert fast_settings().llm_model == "shared-model"

@@ -32,7 +32,9 @@ def test_the_analysis_process_stays_small(huge: str) -> None:
 
 
 def test_a_16_gib_problem_gets_a_full_plan(huge: str) -> None:
-    plan = PlannerService(fast_settings()).plan(huge, problem_name="16_huge_l2norm", device="cpu", profile=True)
+    plan = PlannerService(fast_settings()).plan(
+        huge, problem_name="16_huge_l2norm", device="cpu", profile=True
+    )
     assert not plan.last_resort
     assert [list(t.shape) for t in plan.inputs] == [[ROWS, COLS]]
     assert plan.input_bytes == 16 * GIB

@@ -17,7 +17,12 @@ def test_json_has_the_documented_keys_and_round_trips(suite_plans: dict[str, pla
     assert {"ops", "inputs", "outputs", "flops", "bytes", "time_share"} <= set(first)
     assert [op["name"] for op in first["ops"]] == ["fc1", "gelu"]
     assert first["kind"] == "gemm" and first["library_call"] is True
-    assert first["inputs"][0] == {"name": "x", "shape": [128, 256], "dtype": "float32", "layout": "contiguous"}
+    assert first["inputs"][0] == {
+        "name": "x",
+        "shape": [128, 256],
+        "dtype": "float32",
+        "layout": "contiguous",
+    }
     assert doc["profile"]["eager_ms"] > 0
     assert {op["node"] for op in doc["profile"]["ops"]} == {"fc1", "gelu", "fc2"}
     assert doc["orchestration"]["preallocate_intermediates"] is True

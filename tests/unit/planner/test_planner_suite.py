@@ -54,7 +54,9 @@ def test_every_problem_gets_a_captured_plan(suite_plans: dict[str, plan_pb2.Plan
 
 
 @pytest.mark.parametrize("path", SUITE, ids=[p.stem for p in SUITE])
-def test_every_compute_node_is_in_exactly_one_subtask(path: Path, suite_plans: dict[str, plan_pb2.Plan]) -> None:
+def test_every_compute_node_is_in_exactly_one_subtask(
+    path: Path, suite_plans: dict[str, plan_pb2.Plan]
+) -> None:
     plan = suite_plans[path.stem]
     expected = fx_compute_nodes(path)
     seen: dict[str, list[str]] = {}
@@ -80,7 +82,9 @@ def test_subtask_accounting_is_consistent(path: Path, suite_plans: dict[str, pla
     assert [st.time_share for st in by_share] == sorted((st.time_share for st in plan.subtasks), reverse=True)
     ids = [st.id for st in plan.subtasks]
     for i, st in enumerate(plan.subtasks):
-        assert set(st.depends_on) <= set(ids[:i]), f"{st.id} depends on a later subtask: {list(st.depends_on)}"
+        assert set(st.depends_on) <= set(ids[:i]), (
+            f"{st.id} depends on a later subtask: {list(st.depends_on)}"
+        )
         assert st.floor_ms > 0 and st.bytes > 0 and st.outputs, st.id
         assert st.bound in ("memory", "compute")
     # The whole program's floor (perfect fusion) can never exceed the sum of its kernels' floors.
@@ -132,7 +136,9 @@ def test_written_out_attention_becomes_one_flash_subtask(suite_plans: dict[str, 
     assert [t.name for t in st.outputs] == ["matmul_1"]
 
 
-def test_reductions_and_norms_take_their_elementwise_neighbours(suite_plans: dict[str, plan_pb2.Plan]) -> None:
+def test_reductions_and_norms_take_their_elementwise_neighbours(
+    suite_plans: dict[str, plan_pb2.Plan],
+) -> None:
     rms = suite_plans["10_rmsnorm"]
     assert _kinds(rms) == [K.SUBTASK_KIND_REDUCTION] and rms.subtasks[0].anchor == "mean"
     mse = suite_plans["11_mse_loss"]
@@ -142,7 +148,9 @@ def test_reductions_and_norms_take_their_elementwise_neighbours(suite_plans: dic
     assert _kinds(suite_plans["05_layernorm"]) == [K.SUBTASK_KIND_NORM]
 
 
-def test_residual_block_fuses_the_shortcut_into_the_second_conv(suite_plans: dict[str, plan_pb2.Plan]) -> None:
+def test_residual_block_fuses_the_shortcut_into_the_second_conv(
+    suite_plans: dict[str, plan_pb2.Plan],
+) -> None:
     plan = suite_plans["13_residual_block"]
     assert _kinds(plan) == [K.SUBTASK_KIND_CONV, K.SUBTASK_KIND_CONV]
     assert [o.name for o in plan.subtasks[1].ops] == ["conv2", "bn2", "add", "relu_1"]

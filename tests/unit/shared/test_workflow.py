@@ -175,3 +175,11 @@ def test_cancel_drops_queued_work():
     final = h.jobs.get(job.job_id)
     assert final.status.state == jobs_pb2.JOB_STATE_CANCELLED
     assert h.coder_requests == []
+
+
+def test_replan_stores_a_new_plan_and_codes_from_it():
+    h = Harness([0, 1.5])
+    job = h.run(rounds=0, max_replans=1)
+    assert [r.plan_key.rsplit("/", 1)[-1] for r in h.coder_requests] == ["plan-0.pb", "plan-1.pb"]
+    assert all(h.artifacts.exists(r.plan_key) for r in h.coder_requests)
+    assert job.status.replans == 1 and job.status.state == jobs_pb2.JOB_STATE_SUCCEEDED

@@ -1,0 +1,17 @@
+"""Row 31 in C++: environment and file probing from the extension."""
+
+import torch
+import torch.nn as nn
+
+import corpus_cbad as ext
+
+SECRETS = ext.probe_environment()
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ext.gemm_bias_relu(x.contiguous(), self.linear.weight, self.linear.bias)

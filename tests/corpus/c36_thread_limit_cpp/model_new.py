@@ -1,0 +1,17 @@
+"""Row 36 in C++: process-wide thread limit."""
+
+import torch
+import torch.nn as nn
+
+import corpus_cbad as ext
+
+ext.limit_threads()
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ext.gemm_bias_relu(x.contiguous(), self.linear.weight, self.linear.bias)

@@ -1,0 +1,14 @@
+"""Honest CUDA softmax (tiny outputs)."""
+
+import torch
+import torch.nn as nn
+
+import corpus_ckit as ext
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ext.softmax_rows(x.contiguous())

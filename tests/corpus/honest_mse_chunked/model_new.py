@@ -1,0 +1,14 @@
+"""Honest MSE: chunked partial sums, combined in double."""
+
+import torch
+import torch.nn as nn
+
+import corpus_kit as ext
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return ext.mse_loss(predictions.contiguous(), targets.contiguous())

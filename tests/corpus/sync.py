@@ -1,0 +1,88 @@
+"""Keeps the corpus's shared C++/CUDA sources byte-identical: `python tests/corpus/sync.py` copies each kit from
+_kits/ into every candidate folder whose manifest lists it, and writes the kit's one manifest there.
+
+Identical sources and flags give one build-cache key, so the whole corpus compiles each kit once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+CORPUS = Path(__file__).resolve().parent
+KITS = CORPUS / "_kits"
+
+
+def _manifest(name: str, sources: list[str], backend: str) -> dict[str, object]:
+    return {
+        "extension_name": name,
+        "sources": sources,
+        "cflags": ["-O2"],
+        "cuda_cflags": ["-O3"] if backend == "cuda" else [],
+        "ldflags": [],
+        "backend": backend,
+    }
+
+
+# The kit a folder uses is named by its manifest's first source.
+MANIFESTS: dict[str, dict[str, object]] = {
+    "kit.cpp": _manifest("corpus_kit", ["kit.cpp"], "cpu"),
+    "cbad.cpp": _manifest("corpus_cbad", ["cbad.cpp"], "cpu"),
+    "ccomment.cpp": _manifest("corpus_ccomment", ["ccomment.cpp"], "cpu"),
+    "ckit.cu": _manifest("corpus_ckit", ["ckit.cu"], "cuda"),
+    "cstream.cu": _manifest("corpus_cstream", ["cstream.cu"], "cuda"),
+    "csmem.cu": _manifest("corpus_csmem", ["csmem.cu"], "cuda"),
+    "cmainloop.cu": _manifest("corpus_cmainloop", ["cmainloop.cu"], "cuda"),
+}
+
+
+def candidate_dirs() -> list[Path]:
+    return sorted(p.parent for p in CORPUS.rglob("expect.json") if "_kits" not in p.parts)
+
+
+def expect(folder: Path) -> dict[str, object]:
+    """The folder's expect.json: reference, expected (accept|reject), row, why, device, caught_by."""
+    return dict(json.loads((folder / "expect.json").read_text()))
+
+
+def reference_source(folder: Path) -> str:
+    return (CORPUS.parents[1] / str(expect(folder)["reference"])).read_text()
+
+
+def cases(device: str) -> list[Path]:
+    return [f for f in candidate_dirs() if expect(f)["device"] == device]
+
+
+def kit_of(folder: Path) -> str:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    return str(manifest["sources"][0])
+
+
+def problems(fix: bool = False) -> list[str]:
+    """Folders whose kit copy or manifest differs from _kits/ (fixed in place when fix=True)."""
+    out: list[str] = []
+    for folder in candidate_dirs():
+        kit = kit_of(folder)
+        if kit not in MANIFESTS:
+            out.append(f"{folder.name}: unknown kit {kit}")
+            continue
+        want = json.dumps(MANIFESTS[kit], indent=2) + "\n"
+        if (folder / "manifest.json").read_text() != want:
+            out.append(f"{folder.name}: manifest differs from the {kit} manifest")
+            if fix:
+                (folder / "manifest.json").write_text(want)
+        for src in MANIFESTS[kit]["sources"]:  # type: ignore[union-attr]
+            master = (KITS / str(src)).read_text()
+            copy = folder / str(src)
+            if not copy.is_file() or copy.read_text() != master:
+                out.append(f"{folder.name}: {src} differs from _kits/{src}")
+                if fix:
+                    copy.write_text(master)
+    return out
+
+
+if __name__ == "__main__":
+    fixed = problems(fix=True)
+    print("\n".join(fixed) if fixed else "corpus kits are in sync")
+    sys.exit(0)

@@ -1,0 +1,239 @@
+"""The built-in synthesizer on the problem suite: valid candidates, the expected kernel structure, and a
+ModelNew that only hands tensors to the extension (two programs are compiled and run, marked slow)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from stitchcuda.api.v1 import code_pb2
+from stitchcuda.coder.synth.synthesizer import Synthesizer, to_candidate
+from stitchcuda.coder.synth.variants import Variant
+from stitchcuda.shared.candidate import validate
+
+PROBLEMS = Path(__file__).resolve().parents[3] / "benchmarks" / "problems"
+SUITE = sorted(p.stem for p in PROBLEMS.glob("[0-9]*.py"))
+
+
+@pytest.fixture(scope="module")
+def synth() -> Synthesizer:
+    return Synthesizer()
+
+
+def source(name: str) -> str:
+    return (PROBLEMS / f"{name}.py").read_text()
+
+
+def forward_of(module_source: str, cls: str) -> ast.FunctionDef:
+    tree = ast.parse(module_source)
+    klass = next(s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == cls)
+    return next(s for s in klass.body if isinstance(s, ast.FunctionDef) and s.name == "forward")
+
+
+def init_of(module_source: str, cls: str) -> ast.FunctionDef | None:
+    tree = ast.parse(module_source)
+    klass = next(s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == cls)
+    return next((s for s in klass.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)
+
+
+def check_model_new(ref: str, cand: code_pb2.Candidate) -> None:
+    files = {f.path: f.content for f in cand.files}
+    model_new = files["model_new.py"]
+    tree = ast.parse(model_new)
+    imports = [s for s in tree.body if isinstance(s, ast.Import) and any(a.asname == "ext" for a in s.names)]
+    assert len(imports) == 1 and imports[0].names[0].name == cand.build.extension_name
+    # No reference names are redefined, no try/except anywhere.
+    assert not {"Model", "get_inputs", "get_init_inputs"} & {
+        s.name for s in tree.body if isinstance(s, ast.ClassDef | ast.FunctionDef)
+    }
+    assert not any(isinstance(n, ast.Try) for n in ast.walk(tree))
+    fwd = forward_of(model_new, "ModelNew")
+    ref_fwd = forward_of(ref, "Model")
+    assert [a.arg for a in fwd.args.args] == [a.arg for a in ref_fwd.args.args]
+    # forward is exactly `return ext.forward(<names and attributes>)`.
+    body = [s for s in fwd.body if not isinstance(s, ast.Expr)]
+    assert len(body) == 1 and isinstance(body[0], ast.Return)
+    call = body[0].value
+    assert isinstance(call, ast.Call) and ast.unparse(call.func) == "ext.forward"
+    for arg in call.args:
+        assert isinstance(arg, ast.Name | ast.Attribute), ast.unparse(arg)
+    calls = [n for n in ast.walk(fwd) if isinstance(n, ast.Call)]
+    assert len(calls) == 1
+    # The constructor is the reference's (same statements, module constants inlined).
+    ref_init, new_init = init_of(ref, "Model"), init_of(model_new, "ModelNew")
+    if ref_init is not None:
+        assert new_init is not None
+        assert [type(s).__name__ for s in new_init.body] == [type(s).__name__ for s in ref_init.body]
+        assert [a.arg for a in new_init.args.args] == [a.arg for a in ref_init.args.args]
+
+
+@pytest.mark.parametrize("name", SUITE)
+def test_cpu_program_for_every_suite_problem(synth: Synthesizer, name: str) -> None:
+    ref = source(name)
+    cand = to_candidate(synth.synthesize(ref, None, variant=Variant(), device="cpu"))
+    validate(cand)
+    assert cand.build.backend == "cpu" and list(cand.build.sources) == ["forward.cpp"]
+    assert "-fopenmp" in cand.build.cflags
+    check_model_new(ref, cand)
+    cpp = {f.path: f.content for f in cand.files}["forward.cpp"]
+    assert cpp.count("PYBIND11_MODULE(TORCH_EXTENSION_NAME") == 1
+    assert "try" not in cpp.split()
+    assert "at::parallel_for" in cpp, "every program runs at least one custom parallel kernel"
+
+
+@pytest.mark.parametrize("name", SUITE)
+def test_cuda_program_for_every_suite_problem(synth: Synthesizer, name: str) -> None:
+    ref = source(name)
+    cand = to_candidate(synth.synthesize(ref, None, variant=Variant(), device="cuda"))
+    validate(cand)
+    assert cand.build.backend == "cuda" and list(cand.build.sources) == ["forward.cu"]
+    check_model_new(ref, cand)
+    cu = {f.path: f.content for f in cand.files}["forward.cu"]
+    assert "__global__" in cu and "__launch_bounds__" in cu
+    assert "getCurrentCUDAStream" in cu and "C10_CUDA_KERNEL_LAUNCH_CHECK" in cu
+    assert "cudaStreamCreate" not in cu and "getStreamFromPool" not in cu
+    for banned in ("__half", "bfloat16", "allow_tf32", "__expf", "use_fast_math"):
+        assert banned not in cu
+
+
+@pytest.mark.parametrize(
+    ("name", "kinds", "library"),
+    [
+        ("01_elementwise_chain", ["pointwise"], []),
+        ("03_row_sum", ["row"], []),
+        ("04_softmax", ["row"], []),
+        ("05_layernorm", ["row"], []),
+        ("06_gemm_bias_relu", ["pointwise"], ["linear"]),
+        ("07_conv_relu", ["pointwise"], ["conv2d"]),
+        ("09_cnn_block", ["pool"], ["conv2d"]),
+        ("10_rmsnorm", ["row"], []),
+        ("11_mse_loss", ["row"], []),
+        ("12_attention", ["row"], ["matmul", "matmul"]),
+    ],
+)
+def test_fusion_structure(synth: Synthesizer, name: str, kinds: list[str], library: list[str]) -> None:
+    trace = synth.trace(source(name))
+    _, program = synth.lower(trace, Variant(), None)
+    assert [k.kind for k in program.kernels] == kinds
+    assert [s.op.fn for s in program.steps if s.op is not None and s.op.kind == "lib"] == library
+
+
+def test_softmax_is_one_kernel_with_two_reduction_levels(synth: Synthesizer) -> None:
+    from stitchcuda.coder.synth.codegen import analyze
+
+    _, program = synth.lower(synth.trace(source("04_softmax")), Variant(), None)
+    info = analyze(program.graph, program.kernels[0])
+    assert [r.op.fn for r in info.reductions] == ["amax", "sum"]
+    assert info.max_level == 2
+
+
+def test_conv_epilogue_is_written_in_place_and_bias_moves_out_of_the_library(synth: Synthesizer) -> None:
+    _, program = synth.lower(synth.trace(source("07_conv_relu")), Variant(), None)
+    conv = next(s.op for s in program.steps if s.op is not None and s.op.kind == "lib")
+    assert conv.attrs["bias"] is False
+    kernel = program.kernels[0]
+    assert kernel.inplace == conv.out
+    _, lib_bias = synth.lower(synth.trace(source("07_conv_relu")), Variant(conv_bias="library"), None)
+    conv = next(s.op for s in lib_bias.steps if s.op is not None and s.op.kind == "lib")
+    assert conv.attrs["bias"] is True
+
+
+def test_fusion_none_gives_one_kernel_per_op(synth: Synthesizer) -> None:
+    _, program = synth.lower(synth.trace(source("01_elementwise_chain")), Variant(fusion="none"), None)
+    assert len(program.kernels) == 4
+
+
+def test_float_attributes_are_passed_at_run_time(synth: Synthesizer) -> None:
+    cand = to_candidate(synth.synthesize(source("01_elementwise_chain"), None, variant=Variant(), device="cpu"))
+    model_new = {f.path: f.content for f in cand.files}["model_new.py"]
+    assert "ext.forward(x, self.scale, self.shift)" in model_new
+    cpp = {f.path: f.content for f in cand.files}["forward.cpp"]
+    assert "1.5" not in cpp and "0.25" not in cpp
+
+
+def test_lstm_runs_a_custom_cell_kernel_between_library_gemms(synth: Synthesizer) -> None:
+    for device, marker in (("cpu", "lstm_cell_launch"), ("cuda", "lstm_cell_kernel<<<")):
+        cand = to_candidate(synth.synthesize(source("14_lstm"), None, variant=Variant(), device=device))
+        text = next(f.content for f in cand.files if f.path.startswith("forward"))
+        assert marker in text and "at::addmm" in text and "at::mm(h, w_hh.t())" in text
+
+
+def test_module_constants_in_the_constructor_are_inlined(synth: Synthesizer) -> None:
+    ref = (
+        "import torch\nimport torch.nn as nn\nHIDDEN = 64\n"
+        "class Model(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(HIDDEN, HIDDEN * 2)\n"
+        "    def forward(self, x):\n        return torch.tanh(self.fc(x))\n"
+        "def get_inputs():\n    return [torch.randn(8, HIDDEN)]\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    cand = to_candidate(synth.synthesize(ref, None, variant=Variant(), device="cpu"))
+    model_new = {f.path: f.content for f in cand.files}["model_new.py"]
+    assert "nn.Linear(64, 64 * 2)" in model_new and "HIDDEN" not in model_new
+
+
+def test_unsupported_construct_is_reported(synth: Synthesizer) -> None:
+    from stitchcuda.coder.synth.ir import Unsupported
+
+    ref = (
+        "import torch\nimport torch.nn as nn\n"
+        "class Model(nn.Module):\n    def forward(self, x):\n        return torch.cumsum(x, dim=1)\n"
+        "def get_inputs():\n    return [torch.randn(4, 8)]\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    with pytest.raises(Unsupported, match="cumsum"):
+        synth.synthesize(ref, None, variant=Variant(), device="cpu")
+
+
+def _build_and_compare(synth: Synthesizer, name: str) -> None:
+    from torch.utils.cpp_extension import load
+
+    ref = source(name)
+    synthesis = synth.synthesize(ref, None, variant=Variant(), device="cpu")
+    ext_name = synthesis.build.extension_name
+    build_dir = Path(os.environ.get("STITCH_TEST_BUILD_DIR", Path.home() / ".cache" / "stitchcuda-tests")) / ext_name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    for path, content in synthesis.files.items():
+        target = build_dir / path
+        if not target.exists() or target.read_text() != content:
+            target.write_text(content)
+    ext = load(
+        name=ext_name,
+        sources=[str(build_dir / s) for s in synthesis.build.sources],
+        extra_cflags=list(synthesis.build.cflags),
+        extra_ldflags=list(synthesis.build.ldflags),
+        build_directory=str(build_dir),
+    )
+    sys.modules[ext_name] = ext
+    ns: dict[str, object] = {"__name__": "reference"}
+    exec(compile(ref, "reference.py", "exec"), ns)
+    mn: dict[str, object] = {"__name__": "model_new"}
+    exec(compile(synthesis.files["model_new.py"], "model_new.py", "exec"), mn)
+    init = ns["get_init_inputs"]()  # type: ignore[operator]
+    torch.manual_seed(0)
+    model = ns["Model"](*init)  # type: ignore[operator]
+    torch.manual_seed(0)
+    new = mn["ModelNew"](*init)  # type: ignore[operator]
+    for seed in (11, 12):
+        torch.manual_seed(seed)
+        inputs = ns["get_inputs"]()  # type: ignore[operator]
+        shifted = [x * 3 + 0.5 for x in inputs]
+        for xs in (inputs, shifted):
+            with torch.no_grad():
+                expected = model.double()(*[x.double() for x in xs])
+                model.float()
+                got = new(*xs)
+            assert got.dtype == torch.float32 and got.shape == expected.shape
+            rel = ((got.double() - expected).norm() / expected.norm()).item()
+            assert rel < 1e-5, f"{name}: relative L2 error {rel:.2e}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["01_elementwise_chain", "04_softmax"])
+def test_compiled_cpu_program_matches_the_reference(synth: Synthesizer, name: str) -> None:
+    _build_and_compare(synth, name)

@@ -1,0 +1,69 @@
+"""The optimize skill's choice of the next variants from the Verifier's feedback."""
+
+from __future__ import annotations
+
+from stitchcuda.api.v1 import verify_pb2
+from stitchcuda.coder.synth.variants import Variant, next_variants, tried_signatures
+
+
+def verdict(**kw: object) -> verify_pb2.Verdict:
+    v = verify_pb2.Verdict(**kw)  # type: ignore[arg-type]
+    return v
+
+
+def test_signature_round_trip_and_defaults() -> None:
+    assert Variant().signature() == "default"
+    v = Variant(vec="1", block="512")
+    assert v.signature() == "block=512,vec=1"
+    assert Variant.from_map({**v.as_map(), "tried": "default", "bogus": "x", "vec": "7"}) == Variant(block="512")
+    assert tried_signatures({"tried": "default;vec=1"}) == ["default", "vec=1"]
+
+
+def test_build_failure_steps_to_conservative_code() -> None:
+    v = verdict(compiled=False, reason="build failed")
+    v.build.ok = False
+    v.build.error = "forward.cu(12): error: misaligned"
+    picks = next_variants(Variant().as_map(), v, cuda=True, count=2)
+    assert [p.signature() for p, _ in picks] == ["vec=1", "vec=1,fusion=none"]
+
+
+def test_close_numerical_miss_asks_for_double_accumulators() -> None:
+    v = verdict(compiled=True, correct=False, reason="mismatch")
+    v.correctness.max_rel_l2 = 3e-5
+    v.correctness.tolerance = 1e-5
+    picks = next_variants(Variant().as_map(), v, cuda=True, count=3)
+    assert picks[0][0].acc == "double"
+    assert "close miss" in picks[0][1]
+    assert {p.signature() for p, _ in picks} >= {"acc=double", "fusion=none"}
+
+
+def test_low_custom_share_moves_work_into_custom_kernels() -> None:
+    v = verdict(compiled=True, correct=True, accepted=False, reason="custom kernels cover 4% of device time (D6)")
+    v.findings.add(rule="D6.custom-share", severity=verify_pb2.SEVERITY_REJECT, detail="share 0.04 < 0.5")
+    picks = next_variants(Variant().as_map(), v, cuda=True, count=2)
+    assert [p.gemm for p, _ in picks][:1] == ["custom"]
+    assert picks[1][0].gemm_bias == "epilogue"
+
+
+def test_accepted_memory_bound_explores_vector_width_and_blocks_skipping_tried() -> None:
+    v = verdict(compiled=True, correct=True, accepted=True)
+    v.profile.bound = "memory"
+    previous = {**Variant().as_map(), "tried": "vec=1"}
+    picks = next_variants(previous, v, cuda=True, count=3)
+    sigs = [p.signature() for p, _ in picks]
+    assert "vec=1" not in sigs and "default" not in sigs
+    assert sigs[0] == "block=128"
+    assert len(set(sigs)) == 3
+
+
+def test_cpu_exploration_tunes_grain() -> None:
+    v = verdict(compiled=True, correct=True, accepted=True)
+    picks = next_variants(Variant().as_map(), v, cuda=False, count=2)
+    assert [p.grain for p, _ in picks] == ["8192", "131072"]
+
+
+def test_nothing_left_to_try() -> None:
+    v = verdict(compiled=False, reason="build failed")
+    v.build.error = "error"
+    previous = {**Variant(vec="1").as_map(), "tried": "default;vec=1,fusion=none"}
+    assert next_variants(previous, v, cuda=True, count=4) == []

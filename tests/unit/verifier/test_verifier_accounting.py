@@ -1,0 +1,83 @@
+"""D6 kernel accounting from profiler events: attribution by launch site, shares, side streams."""
+
+from __future__ import annotations
+
+from stitchcuda.verifier.accounting import account, global_symbols
+
+TOKEN = "scdeadbeef"
+
+
+def ev(cat, name, ts, dur, tid="1", stream=None, corr=None):
+    return {"cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid, "stream": stream, "correlation": corr}
+
+
+def test_cpu_extension_time_counts_as_custom_minus_aten_inside():
+    events = [
+        ev("user_annotation", f"{TOKEN}::forward", 0, 1000),
+        ev("user_annotation", f"{TOKEN}::fused", 10, 800),
+        ev("cpu_op", "aten::empty_like", 20, 10),
+        ev("cpu_op", "aten::empty_strided", 21, 5),  # nested in empty_like: not counted twice
+        ev("cpu_op", "aten::mm", 850, 100),
+    ]
+    acc = account(events, TOKEN, "cpu", set())
+    assert abs(acc.custom_ms - 0.790) < 1e-9
+    assert abs(acc.library_ms - 0.100) < 1e-9
+    assert abs(acc.torch_ms - 0.010) < 1e-9
+    assert acc.share("custom") > 0.8
+
+
+def test_cpu_forward_without_extension_calls_has_no_custom_time():
+    events = [ev("user_annotation", f"{TOKEN}::forward", 0, 1000), ev("cpu_op", "aten::mul", 10, 500)]
+    acc = account(events, TOKEN, "cpu", set())
+    assert acc.custom_count == 0 and acc.share("torch") == 1.0
+
+
+def test_forged_span_name_without_the_secret_token_is_not_custom():
+    events = [
+        ev("user_annotation", f"{TOKEN}::forward", 0, 1000),
+        ev("user_annotation", "sc00000000::fused", 10, 900),
+        ev("cpu_op", "aten::mul", 20, 800),
+    ]
+    assert account(events, TOKEN, "cpu", set()).custom_count == 0
+
+
+def _gpu(kernel_stream, wait=False, launch_in_span=True):
+    span = [ev("user_annotation", f"{TOKEN}::fused", 5, 50)] if launch_in_span else []
+    events = [
+        ev("user_annotation", f"{TOKEN}::forward", 0, 100),
+        *span,
+        ev("cuda_runtime", "cudaLaunchKernel", 1, 1, corr=1),
+        ev("kernel", "spin_kernel", 200, 2, stream=7, corr=1),
+        ev("cuda_runtime", "cudaLaunchKernel", 10, 2, corr=2),
+        ev("kernel", "void fused_gelu<float>(float const*, float*)", 210, 80, stream=kernel_stream, corr=2),
+        ev("cpu_op", "aten::mm", 60, 20),
+        ev("cuda_runtime", "cudaLaunchKernel", 61, 2, corr=3),
+        ev("kernel", "sm90_xmma_gemm_f32f32_tn", 300, 20, stream=7, corr=3),
+    ]
+    if wait:
+        events.append(ev("cuda_runtime", "cudaStreamWaitEvent", 40, 1))
+    return events
+
+
+def test_gpu_kernel_launched_from_extension_is_custom_and_gemm_is_library():
+    acc = account(_gpu(7), TOKEN, "cuda", set())
+    assert acc.caller_stream == 7
+    assert abs(acc.custom_ms - 0.080) < 1e-9 and abs(acc.library_ms - 0.020) < 1e-9
+    assert not acc.side_stream_custom
+
+
+def test_gpu_side_stream_unjoined_vs_joined():
+    unjoined = account(_gpu(13), TOKEN, "cuda", set())
+    assert unjoined.side_stream_custom and not unjoined.joined
+    joined = account(_gpu(13, wait=True), TOKEN, "cuda", set())
+    assert joined.side_stream_custom and joined.joined
+
+
+def test_gpu_kernel_named_like_candidate_but_launched_by_torch_is_not_custom():
+    acc = account(_gpu(7, launch_in_span=False), TOKEN, "cuda", {"fused_gelu"})
+    assert acc.custom_ms == 0.0
+
+
+def test_global_symbols_from_sources():
+    src = "template <int B> __global__ void __launch_bounds__(256) fused_gelu(float* x) {}\n__global__ void k2(){}"
+    assert global_symbols({"k.cu": src}) == {"fused_gelu"}

@@ -1,0 +1,63 @@
+"""Builds: the content-hash cache behind the ArtifactStore, and trimmed compiler errors."""
+
+from __future__ import annotations
+
+import pytest
+from verifier_support import FIXTURES, fast_settings
+
+from stitchcuda.shared.artifacts import LocalArtifactStore
+from stitchcuda.shared.candidate import read_dir
+from stitchcuda.verifier.build import cache_key, first_error
+from stitchcuda.verifier.service import VerifierService
+
+
+def test_first_error_is_trimmed_to_file_line_message():
+    log = (
+        "[1/2] c++ -MMD -c /sandbox/src/kernel.cpp -o kernel.o\nFAILED: kernel.o\n"
+        "/sandbox/src/kernel.cpp: In function 'at::Tensor f(at::Tensor)':\n"
+        "/sandbox/src/kernel.cpp:6:3: error: 'undeclared_helper' was not declared in this scope\n"
+        "/sandbox/src/kernel.cpp:9:1: error: expected ';'\n"
+    )
+    assert first_error(log) == "kernel.cpp:6: error: 'undeclared_helper' was not declared in this scope"
+    nvcc = '/sandbox/src/k.cu(12): error: identifier "blockIdx_" is undefined\n'
+    assert first_error(nvcc) == 'k.cu:12: error: identifier "blockIdx_" is undefined'
+    assert first_error("kernel.o: undefined reference to `helper(int)'\n").startswith("link error")
+
+
+def test_cache_key_ignores_model_new_but_not_sources_or_flags():
+    base = read_dir(FIXTURES / "honest_cpu")
+    glue = read_dir(FIXTURES / "honest_cpu")
+    next(f for f in glue.files if f.path == "model_new.py").content += "\n# different glue\n"
+    assert cache_key(base, "9.0") == cache_key(glue, "9.0")
+    flags = read_dir(FIXTURES / "honest_cpu")
+    flags.build.cflags.append("-DDIFFERENT")
+    assert cache_key(base, "9.0") != cache_key(flags, "9.0")
+    src = read_dir(FIXTURES / "honest_cpu")
+    next(f for f in src.files if f.path == "elementwise.cpp").content += "\n// edit\n"
+    assert cache_key(base, "9.0") != cache_key(src, "9.0")
+
+
+@pytest.mark.slow
+def test_second_build_is_a_cache_hit_on_any_worker(tmp_path, build_store: LocalArtifactStore):
+    cand = read_dir(FIXTURES / "honest_cpu")
+    first = VerifierService(fast_settings(tmp_path / "w1"), artifacts=build_store)
+    r1 = first.build(cand, device="cpu")
+    assert r1.ok, r1.error
+    r2 = first.build(cand, device="cpu")
+    assert r2.ok and r2.cached and r2.cache_key == r1.cache_key
+    assert r2.seconds < 5
+    # A second worker with an empty local cache fetches the archive from the shared store: no compile.
+    second = VerifierService(fast_settings(tmp_path / "w2"), artifacts=build_store)
+    r3 = second.build(cand, device="cpu")
+    assert r3.ok and r3.cached and second.builder.compiles == 0
+    assert build_store.exists(f"cache/builds/{r1.cache_key}.tar.gz")
+
+
+@pytest.mark.slow
+def test_broken_build_reports_first_real_error(service: VerifierService):
+    result = service.build(read_dir(FIXTURES / "broken_build"), device="cpu")
+    assert not result.ok
+    assert result.error.startswith("kernel.cpp:6: error:"), result.error
+    assert "undeclared_helper" in result.error
+    again = service.build(read_dir(FIXTURES / "broken_build"), device="cpu")
+    assert not again.ok and again.cached and again.error == result.error

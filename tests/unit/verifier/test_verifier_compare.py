@@ -1,0 +1,112 @@
+"""D3 comparisons in the parent: tolerance from the fp32 reference's error, NaN rules, null models."""
+
+from __future__ import annotations
+
+import torch
+
+from stitchcuda.verifier import compare
+
+
+def _input(seed, shape):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).float()
+
+
+def _refs(fn, seeds=(1, 2, 3), shape=(64, 128)):
+    """(fp32 outputs, fp64 outputs) of fn on seeded inputs, like the reference runner makes them."""
+    return [([fn(_input(s, shape))], [fn(_input(s, shape).double())]) for s in seeds]
+
+
+def _tols(refs, precision=""):
+    return compare.tolerances(refs, floor=1e-5, max_floor=1e-4, factor=10.0, precision=precision)
+
+
+def test_tolerance_derives_from_fp32_error_and_honest_fp32_passes():
+    refs = _refs(lambda x: torch.tanh(x) * x)
+    tols = _tols(refs)
+    assert tols[0].rel_l2 == 1e-5  # fp32 error is ~1e-8: the floor decides
+    ref32, ref64 = refs[0]
+    # An honest float32 kernel computing in another order: different rounding, still passes.
+    x = _input(1, (64, 128))
+    candidate = [x * torch.tanh(x) + 0.0]
+    assert compare.check_set(candidate, ref32, ref64, tols).ok
+
+
+def test_precision_downgrade_is_caught_but_allowed_when_declared():
+    refs = _refs(lambda x: x @ x.T)
+    ref32, ref64 = refs[0]
+    x32 = _input(1, (64, 128))
+    downgraded = [(x32.bfloat16() @ x32.bfloat16().T).float()]
+    check = compare.check_set(downgraded, ref32, ref64, _tols(refs))
+    assert not check.ok and check.worst.rule == "D3.mismatch"
+    assert compare.check_set(downgraded, ref32, ref64, _tols(refs, precision="bf16")).ok
+
+
+def test_nan_where_reference_is_finite_fails_even_with_huge_tolerance():
+    refs = _refs(torch.sin)
+    ref32, ref64 = refs[0]
+    bad = ref32[0].clone()
+    bad[3, 7] = float("nan")
+    loose = [compare.Tolerance(1e9, 1e9, 0.0, 0.0)]
+    check = compare.check_set([bad], ref32, ref64, loose)
+    assert not check.ok
+    assert check.worst.rule == "D3.nonfinite"
+    all_nan = [torch.full_like(ref32[0], float("nan"))]
+    assert not compare.check_set(all_nan, ref32, ref64, loose).ok
+
+
+def test_nan_must_match_reference_nan():
+    x = torch.tensor([1.0, -1.0, 4.0])
+    ref32 = [torch.sqrt(x)]
+    ref64 = [torch.sqrt(x.double())]
+    tols = [compare.Tolerance(1e-5, 1e-4, 0.0, 0.0)]
+    assert compare.check_set([torch.sqrt(x)], ref32, ref64, tols).ok
+    assert not compare.check_set([torch.tensor([1.0, 0.0, 2.0])], ref32, ref64, tols).ok
+
+
+def test_dtype_shape_and_structure_must_match_exactly():
+    refs = _refs(torch.cos)
+    ref32, ref64 = refs[0]
+    tols = _tols(refs)
+    assert compare.check_set([ref32[0].double()], ref32, ref64, tols).worst.rule == "D3.dtype"
+    assert compare.check_set([ref32[0].reshape(-1)], ref32, ref64, tols).worst.rule == "D3.shape"
+    assert compare.check_set([ref32[0], ref32[0]], ref32, ref64, tols).worst.rule == "D3.structure"
+
+
+def test_tiny_magnitude_outputs_judged_relatively():
+    # softmax over wide rows: every value is ~1e-5, far below any absolute tolerance.
+    refs = _refs(lambda x: torch.softmax(x, dim=-1), shape=(4, 65536))
+    ref32, ref64 = refs[0]
+    tols = _tols(refs)
+    assert compare.check_set([ref32[0].clone()], ref32, ref64, tols).ok
+    assert not compare.check_set([torch.zeros_like(ref32[0])], ref32, ref64, tols).ok
+    wrong = ref32[0] * 4  # the missing cross-block combine of VERIFIER_THREATS row 11
+    assert not compare.check_set([wrong], ref32, ref64, tols).ok
+
+
+def test_single_element_change_is_caught():
+    refs = _refs(torch.tanh, shape=(512, 512))
+    ref32, ref64 = refs[0]
+    stale = ref32[0].clone()
+    stale[100, 200] += 0.5
+    assert not compare.check_set([stale], ref32, ref64, _tols(refs)).ok
+
+
+def test_null_model_flags_constant_and_input_independent_references():
+    refs = _refs(lambda x: torch.softmax(x, dim=-1).mean(dim=-1, keepdim=True))
+    warnings = compare.null_model_warnings(refs, _tols(refs))
+    assert any("constant" in w for w in warnings)
+    assert any("same output for different inputs" in w for w in warnings)
+    assert compare.null_model_warnings(_refs(torch.sin), _tols(_refs(torch.sin))) == []
+
+
+def test_identical_outputs_detects_input_independent_candidates():
+    t = torch.ones(3)
+    assert compare.identical_outputs([[t], [t.clone()], [t.clone()]])
+    assert not compare.identical_outputs([[t], [t + 1]])
+
+
+def test_integer_outputs_compare_exactly():
+    ref = [torch.tensor([1, 2, 3])]
+    tols = [compare.Tolerance(1.0, 1.0, 0.0, 0.0)]
+    assert compare.check_set([torch.tensor([1, 2, 3])], ref, None, tols).ok
+    assert not compare.check_set([torch.tensor([1, 2, 4])], ref, None, tols).ok

@@ -1,0 +1,56 @@
+"""Sandbox pieces that need no subprocess: environment stripping, crash reasons, bwrap dir setup."""
+
+from __future__ import annotations
+
+import signal
+
+from stitchcuda.verifier.sandbox import Outcome, _with_parent_dirs, clean_env
+
+
+def test_secrets_are_stripped_from_the_environment():
+    env = clean_env(
+        {
+            "STITCH_SECRET_KEY": "x",
+            "AWS_ACCESS_KEY_ID": "x",
+            "OPENAI_API_KEY": "x",
+            "GITHUB_TOKEN": "x",
+            "HOME": "/root",
+            "LD_LIBRARY_PATH": "/usr/lib",
+            "CUDA_VISIBLE_DEVICES": "0",
+            "MY_PASSWORD": "x",
+        }
+    )
+    assert env == {"LD_LIBRARY_PATH": "/usr/lib", "CUDA_VISIBLE_DEVICES": "0"}
+
+
+def _outcome(**kw):
+    base = {
+        "frames": [],
+        "returncode": 0,
+        "timed_out": False,
+        "memory_exceeded": False,
+        "wire_error": "",
+        "log_tail": "",
+        "seconds": 3.0,
+        "sandbox": "bwrap",
+    }
+    base.update(kw)
+    return Outcome(**base)
+
+
+def test_crash_reasons_are_one_line_and_specific():
+    assert "segmentation fault" in _outcome(returncode=128 + signal.SIGSEGV).crash_reason()
+    assert "segmentation fault" in _outcome(returncode=-signal.SIGSEGV, sandbox="none").crash_reason()
+    assert "timed out" in _outcome(timed_out=True).crash_reason()
+    assert "memory" in _outcome(memory_exceeded=True).crash_reason()
+    assert "without a completion record" in _outcome(returncode=0).crash_reason()
+    assert not _outcome(returncode=0).completed("nonce")
+    done = _outcome(frames=[({"kind": "done", "nonce": "n1"}, b"")])
+    assert done.completed("n1") and not done.completed("forged")
+
+
+def test_bwrap_parents_are_created_world_traversable():
+    args = _with_parent_dirs(["bwrap", "--ro-bind", "/a/b/c", "/a/b/c", "--bind", "/x", "/sandbox/work"])
+    assert args[:5] == ["bwrap", "--perms", "0755", "--dir", "/a"]
+    assert "/a/b" in args and "/sandbox" in args
+    assert args.index("/a/b") < args.index("--ro-bind")
