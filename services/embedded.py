@@ -57,8 +57,12 @@ class EmbeddedPlatform:
             resolve_device=_resolve,
             max_reference_bytes=self.settings.max_reference_bytes,
         )
-        # The verifier's build cache shares the artifact store, as on the platform.
-        self.planner = planner or PlannerService()
+        # The verifier's build cache shares the artifact store, as on the platform. The planner skips its
+        # torch.compile profile here: the Verifier times torch.compile for every verdict anyway, and on a
+        # laptop CPU the extra compile costs more than the rest of the plan.
+        from stitchcuda.planner.settings import PlannerSettings
+
+        self.planner = planner or PlannerService(PlannerSettings(profile_compile=False))
         self.coder = coder or CoderService()
         self.verifier = verifier or VerifierService(artifacts=self.artifacts)
         verify_worker = VerifierWorker(self.verifier, self.workflow, self.artifacts, self.transport)

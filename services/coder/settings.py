@@ -44,7 +44,7 @@ class CoderSettings(CommonSettings):
     prompt_char_budget: int = _env("prompt_char_budget", default=60_000, ge=2_000)
 
     # ---- built-in synthesizer ----
-    trace_timeout_s: float = _env("trace_timeout_s", default=120.0, gt=0)
+    trace_timeout_s: float = _env("trace_timeout_s", default=300.0, gt=0)
     # Default variant knobs ("key=value,key=value", see stitchcuda.coder.synth.variants.CHOICES).
     synth_variant: str = _env("synth_variant", default="")
 

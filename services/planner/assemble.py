@@ -103,15 +103,15 @@ class Assembler:
             if node.kind == "param":
                 for t in node.outputs:
                     add(inputs, t, name)
-            if node.info.module is not None:
-                for param in node.info.module.params:
-                    add(inputs, param, param.name)
             for p in self.graph.inputs_of(node):
                 if p.name in members or p.kind == "host":
                     continue
                 specs = node.outputs if node.target == "getitem" and len(p.outputs) > 1 else p.outputs
                 for t in specs:
                     add(inputs, t, self._source(p))
+            if node.info.module is not None:
+                for param in node.info.module.params:
+                    add(inputs, param, param.name)
             readers = [u for u in self.graph.users_of(node) if u.name not in members and u.kind != "host"]
             aliases_input = node.kind == "layout" and self.graph.node(self._source(node)).kind in (
                 "input",

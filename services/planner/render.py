@@ -20,6 +20,10 @@ def _si(x: float, unit: str = "") -> str:
     return f"{x:.0f}{unit}"
 
 
+def _ms(value: float) -> str:
+    return f"{value:.4f} ms" if value > 0 else "not measured"
+
+
 def _tensor(t: plan_pb2.TensorSpec) -> dict[str, Any]:
     return {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "layout": t.layout}
 
@@ -106,7 +110,7 @@ def render_plan(plan: plan_pb2.Plan) -> str:
         f"total {_si(plan.total_flops, 'FLOP')}, {_si(plan.total_bytes, 'B')} min traffic, floor "
         f"{plan.floor_ms:.4f} ms on {c.bandwidth_gbps:.0f} GB/s / "
         f"{c.vector_tflops:g}+{c.matrix_tflops:g} TFLOP/s; "
-        f"eager {plan.eager_ms:.4f} ms, torch.compile {plan.compile_ms:.4f} ms",
+        f"eager {_ms(plan.eager_ms)}, torch.compile {_ms(plan.compile_ms)}",
         "",
     ]
     header = ("id", "kind", "anchor", "ops", "flops", "bytes", "share", "floor_ms", "prio", "lib", "bound")

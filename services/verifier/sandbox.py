@@ -254,9 +254,14 @@ class Sandbox:
         cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
         if cuda_home:
             extra.add(cuda_home)
+        for tool in ("nvcc", "ncu", "ninja"):
+            found = shutil.which(tool)
+            if found:
+                extra.add(os.path.dirname(os.path.dirname(os.path.realpath(found))))
         for path in sorted(extra):
             real = os.path.realpath(path)
-            if os.path.isdir(real) and not real.startswith(("/usr/", "/etc/", "/opt/")):
+            shallow = len(Path(real).parts) < 3  # never bind "/" or a top-level folder wholesale
+            if os.path.isdir(real) and not shallow and not real.startswith(("/usr/", "/etc/", "/opt/")):
                 args += ["--ro-bind", real, real]
                 if real != path:
                     args += ["--ro-bind", real, path]
@@ -282,8 +287,9 @@ class Sandbox:
         work = self.inside("work", spec.mounts)
         if self.mode != "bwrap":
             return runner, work
+        # The parent's bwrap, by absolute path: Popen looks names up in the child's (stripped) PATH.
         args = [
-            "bwrap",
+            shutil.which("bwrap") or "bwrap",
             "--die-with-parent",
             "--unshare-net",
             "--unshare-pid",
@@ -302,6 +308,11 @@ class Sandbox:
         work = self.inside("work", spec.mounts)
         env = clean_env(dict(os.environ))
         bins = [os.path.join(sys.prefix, "bin"), "/usr/local/cuda/bin", "/usr/local/bin", "/usr/bin", "/bin"]
+        # The toolchain where the parent finds it (nvcc and ninja may live in a venv or under /opt).
+        for tool in ("nvcc", "ninja", "ncu"):
+            found = shutil.which(tool)
+            if found and os.path.dirname(found) not in bins:
+                bins.append(os.path.dirname(found))
         env.update(
             {
                 "PATH": ":".join(bins),
@@ -315,6 +326,9 @@ class Sandbox:
                 "SC_SANDBOX_RUN": token,
             }
         )
+        nvcc = shutil.which("nvcc")
+        if nvcc and "CUDA_HOME" not in env:
+            env["CUDA_HOME"] = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
         env.update(spec.extra_env)
         return env
 

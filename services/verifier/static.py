@@ -1,4 +1,4 @@
-"""D11: the static scan of a candidate (model_new.py's AST and its C++/CUDA sources), as policy-rated Findings.
+"""D11: the static scan of a candidate (model_new.py's AST, its C++/CUDA sources) as policy-rated Findings.
 
 The Python side resolves imports and aliases, builds the call graph from ModelNew.forward, and runs a taint
 analysis over it (static_flow); whole-file checks run over every node (static_module); the C++/CUDA side is

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import ast
 import bisect
+import functools
 import re
 from dataclasses import dataclass, field
 
-from stitchcuda.verifier.static_report import Hits
+from stitchcuda.verifier.static_report import Hit, Hits
 
 SMEM_DEFAULT = 48 * 1024
 SMEM_MAX = 227 * 1024  # the opt-in per-block limit on sm_90 (H100/H200)
@@ -20,45 +21,76 @@ TYPE_SIZES = {
 }  # fmt: skip
 
 _P = re.compile
-RULES: tuple[tuple[str, re.Pattern[str], str], ...] = (
-    ("D11.thread", _P(r"\bstd::j?thread\b|\bpthread_create\b|\bstd::async\b|\bat::launch\s*\(|\bboost::thread\b"
-                      r"|\.\s*detach\s*\(\s*\)|#\s*include\s*<(?:thread|future|pthread\.h)>"), "threads"),
-    ("D11.process", _P(r"\b(?<![:.>])(?:std::)?(?:system|popen|fork|vfork|execv|execve|execvp|execl|execlp|posix_spawnp?"
-                       r"|kill|dlopen|dlsym)\s*\("), "processes or dynamic loading"),
-    ("D11.io", _P(r"\b(?<![:.>])(?:std::)?(?:fopen|freopen|fdopen|opendir|readdir|open|openat|creat|unlink|rename"
-                  r"|mkdir|stat|access|dup2?|fread|fwrite|mmap)\s*\(|\bstd::(?:i|o)?fstream\b|\bstd::filesystem\b"
-                  r"|\bFILE\s*\*|#\s*include\s*<(?:fstream|filesystem|dirent\.h|fcntl\.h|unistd\.h)>"), "file access"),
-    ("D11.network", _P(r"\b(?<![:.>])(?:std::)?(?:socket|connect|getaddrinfo|gethostbyname|curl_easy_\w+|curl_global_init)"
-                       r"\s*\(|#\s*include\s*<(?:sys/socket\.h|netdb\.h|curl/curl\.h|arpa/inet\.h)>"), "network"),
-    ("D11.exit", _P(r"\b(?<![:.>])(?:std::)?(?:exit|_exit|_Exit|abort|quick_exit|atexit|at_quick_exit|signal|sigaction)"
-                    r"\s*\(|\bstd::(?:exit|_Exit|abort|quick_exit|atexit)\s*\("), "process exit or signal handlers"),
-    ("D11.environ", _P(r"\b(?<![:.>])(?:std::)?(?:getenv|secure_getenv|setenv|putenv|unsetenv|clearenv)\s*\("
-                       r"|\bstd::getenv\s*\(|\benviron\b"), "the process environment"),
-    ("D11.dynamic-code", _P(r"\b(?:PyRun_\w+|PyImport_\w+|PyEval_\w+|PyObject_Call\w*|Py_CompileString)\s*\("
-                            r"|\bpy(?:bind11)?::module_?::import\s*\(|\bpy(?:bind11)?::(?:exec|eval|eval_file|globals)"
-                            r"\s*\("), "Python driven from C++"),
-    ("D11.global-state", _P(r"\bat::globalContext\s*\(\s*\)\s*\.\s*set\w*|\b(?:at|torch)::set_num(?:_interop)?_threads\b"
-                            r"|\bomp_set_num_threads\s*\(|\bsetFloat32MatmulPrecision\b|\bsetAllowTF32\w*"
-                            r"|\bsetBenchmarkCuDNN\b|\bsetUserEnabledCuDNN\b|\bsetDeterministic\w*"
-                            r"|\bsetAllow(?:BF16|FP16)Reduction\w*|\bset_default_dtype\b"), "process-wide numeric state"),
-    ("D11.gpu-control", _P(r"\b(?:nvml\w+|cudaDeviceSetLimit|cudaDeviceSetCacheConfig|cudaDeviceSetSharedMemConfig"
-                           r"|cudaSetDeviceFlags|cudaDeviceReset|cudaCtxResetPersistingL2Cache)\s*\("
-                           r"|#\s*include\s*<nvml\.h>"), "device control"),
-    ("D11.library-call", _P(r"\b(?:cublas\w+|cudnn\w+|cblas_\w+|mkl_\w+|dnnl_\w+|cusparse\w+|cufft\w+|cutensor\w+)"
-                            r"\s*\(|\bdnnl::\w+|\bat::cuda::blas::|\bgetCurrentCUDABlasHandle\b"), "vendor library compute"),
-    ("D11.cuda-graph", _P(r"\bcudaGraph\w+|\bcudaStreamBeginCapture\b|\bcuGraph\w+"), "CUDA graphs"),
-    ("D11.print", _P(r"\b(?<![:.>])(?:std::)?(?:printf|puts|fprintf|fputs|perror)\s*\(|\bstd::(?:cout|cerr|clog|printf|puts)\b"
-                     r"|\bTORCH_WARN\w*"), "writes to stdout/stderr"),
-    ("D11.seed", _P(r"\bmanual_seed\s*\(|\b(?<![:.>])srand\s*\(|\bstd::srand\s*\("), "seeds a random generator"),
-    ("D11.memory-probe", _P(r"\bcudaMemGetInfo\b|\bcuMemGetInfo\b|\bcudaMalloc\w*\s*\(|\bcuMemAlloc\w*"
-                            r"|\bCUDACachingAllocator::\w+"), "direct device memory"),
-    ("D11.timing", _P(r"\bstd::chrono\b|\bcudaEventElapsedTime\b|\b(?<![:.>])(?:std::)?(?:clock_gettime|gettimeofday|usleep"
-                      r"|nanosleep|sleep)\s*\(|\bstd::this_thread::sleep_\w+|__nanosleep"), "clocks or sleeps"),
-    ("D11.nan-literal", _P(r"numeric_limits\s*<\s*\w+\s*>::quiet_NaN|\bNAN\b|\b(?<![:.>])nanf?\s*\(|CUDART_NAN\w*"
-                           r"|\b0x7fc00000\b"), "NaN literals"),
-    ("D11.identity-key", _P(r"data_ptr\s*(?:<[^<>;]*>)?\s*\(\s*\)\s*(?:==|!=)|(?:==|!=)\s*[\w.\->()]*data_ptr\b"
-                            r"|\b_version\s*\(\s*\)|\bunsafeGetTensorImpl\b|\.\s*is_same\s*\("), "tensor identity"),
-)  # fmt: skip
+# A bare or std:: call of one of the names (not a member call, not another namespace's function).
+_BARE = r"\b(?<![:.>])(?:std::)?(?:"
+
+
+def _bare(*names: str) -> str:
+    return _BARE + "|".join(names) + r")\s*\("
+
+
+def _include(*headers: str) -> str:
+    return r"#\s*include\s*<(?:" + "|".join(headers) + ")>"
+
+
+_RULE_PARTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "D11.thread": ("threads", (
+        r"\bstd::j?thread\b", r"\bpthread_create\b", r"\bstd::async\b", r"\bat::launch\s*\(",
+        r"\bboost::thread\b", r"\.\s*detach\s*\(\s*\)", _include("thread", "future", r"pthread\.h"))),
+    "D11.process": ("processes or dynamic loading", (
+        _bare("system", "popen", "fork", "vfork", "execv", "execve", "execvp", "execl", "execlp",
+              "posix_spawnp?", "kill", "dlopen", "dlsym"),)),
+    "D11.io": ("file access", (
+        _bare("fopen", "freopen", "fdopen", "opendir", "readdir", "open", "openat", "creat", "unlink",
+              "rename",
+              "mkdir", "stat", "access", "dup2?", "fread", "fwrite", "mmap"),
+        r"\bstd::(?:i|o)?fstream\b", r"\bstd::filesystem\b", r"\bFILE\s*\*",
+        _include("fstream", "filesystem", r"dirent\.h", r"fcntl\.h", r"unistd\.h"))),
+    "D11.network": ("network", (
+        _bare("socket", "connect", "getaddrinfo", "gethostbyname", r"curl_easy_\w+", "curl_global_init"),
+        _include(r"sys/socket\.h", r"netdb\.h", r"curl/curl\.h", r"arpa/inet\.h"))),
+    "D11.exit": ("process exit or signal handlers", (
+        _bare("exit", "_exit", "_Exit", "abort", "quick_exit", "atexit", "at_quick_exit", "signal",
+              "sigaction"),)),
+    "D11.environ": ("the process environment", (
+        _bare("getenv", "secure_getenv", "setenv", "putenv", "unsetenv", "clearenv"), r"\benviron\b")),
+    "D11.dynamic-code": ("Python driven from C++", (
+        r"\b(?:PyRun_\w+|PyImport_\w+|PyEval_\w+|PyObject_Call\w*|Py_CompileString)\s*\(",
+        r"\bpy(?:bind11)?::module_?::import\s*\(", r"\bpy(?:bind11)?::(?:exec|eval|eval_file|globals)\s*\(")),
+    "D11.global-state": ("process-wide numeric state", (
+        r"\bat::globalContext\s*\(\s*\)\s*\.\s*set\w*", r"\b(?:at|torch)::set_num(?:_interop)?_threads\b",
+        r"\bomp_set_num_threads\s*\(", r"\bsetFloat32MatmulPrecision\b", r"\bsetAllowTF32\w*",
+        r"\bsetBenchmarkCuDNN\b", r"\bsetUserEnabledCuDNN\b", r"\bsetDeterministic\w*",
+        r"\bsetAllow(?:BF16|FP16)Reduction\w*", r"\bset_default_dtype\b")),
+    "D11.gpu-control": ("device control", (
+        r"\b(?:nvml\w+|cudaDeviceSetLimit|cudaDeviceSetCacheConfig|cudaDeviceSetSharedMemConfig"
+        r"|cudaSetDeviceFlags|cudaDeviceReset|cudaCtxResetPersistingL2Cache)\s*\(", _include(r"nvml\.h"))),
+    "D11.library-call": ("vendor library compute", (
+        r"\b(?:cublas\w+|cudnn\w+|cblas_\w+|mkl_\w+|dnnl_\w+|cusparse\w+|cufft\w+|cutensor\w+)\s*\(",
+        r"\bdnnl::\w+", r"\bat::cuda::blas::", r"\bgetCurrentCUDABlasHandle\b")),
+    "D11.cuda-graph": ("CUDA graphs", (r"\bcudaGraph\w+", r"\bcudaStreamBeginCapture\b", r"\bcuGraph\w+")),
+    "D11.print": ("writes to stdout/stderr", (
+        _bare("printf", "puts", "fprintf", "fputs", "perror"), r"\bstd::(?:cout|cerr|clog)\b",
+        r"\bTORCH_WARN\w*")),
+    "D11.seed": ("seeds a random generator", (r"\bmanual_seed\s*\(", _bare("srand"))),
+    "D11.memory-probe": ("direct device memory", (
+        r"\bcudaMemGetInfo\b", r"\bcuMemGetInfo\b", r"\bcudaMalloc\w*\s*\(", r"\bcuMemAlloc\w*",
+        r"\bCUDACachingAllocator::\w+")),
+    "D11.timing": ("clocks or sleeps", (
+        r"\bstd::chrono\b", r"\bcudaEventElapsedTime\b",
+        _bare("clock_gettime", "gettimeofday", "usleep", "nanosleep", "sleep"),
+        r"\bstd::this_thread::sleep_\w+",
+        r"__nanosleep")),
+    "D11.nan-literal": ("NaN literals", (
+        r"numeric_limits\s*<\s*\w+\s*>::quiet_NaN", r"\bNAN\b", _bare("nanf?"), r"CUDART_NAN\w*",
+        r"\b0x7fc00000\b")),
+    "D11.identity-key": ("tensor identity", (
+        r"data_ptr\s*(?:<[^<>;]*>)?\s*\(\s*\)\s*(?:==|!=)", r"(?:==|!=)\s*[\w.\->()]*data_ptr\b",
+        r"\b_version\s*\(\s*\)", r"\bunsafeGetTensorImpl\b", r"\.\s*is_same\s*\(")),
+}  # fmt: skip
+RULES: tuple[tuple[str, re.Pattern[str], str], ...] = tuple(
+    (rule, _P("|".join(parts)), what) for rule, (what, parts) in _RULE_PARTS.items()
+)
 PRECISION = _P(
     r"\b__float2half\w*|\b__half2float\b|\b__half2?\b|\b__nv_bfloat16\w*|\b__float2bfloat16\w*|\bnv_bfloat16\b"
     r"|\b(?:c10|at)::(?:Half|BFloat16)\b|\b(?:at|torch)::k(?:Half|BFloat16|Float16|Float8\w*)\b"
@@ -66,20 +98,76 @@ PRECISION = _P(
     r"|\b__float_to_tf32\b|\btf32\b|\bCUBLAS_COMPUTE_32F_FAST\w*|\bCUBLAS_TF32_TENSOR_OP_MATH\b"
     r"|\.\s*(?:half|bfloat16)\s*\(|\(\s*half2?\s*\)|\bhalf2?\s*\*|<\s*half2?\s*>|\bhalf2?\s+[A-Za-z_]\w*\s*[=;,\[)]"
 )
+DISPATCH = _P(r"\bc10::Dispatcher\b|\bfindSchema\w*\s*\(|\bcallBoxed\s*\(|\btorch::jit::\w+")
 ATEN_CALL = _P(r"\b(?:at|torch)::((?:\w+::)*)(\w+)\s*\(")
 ATEN_ALLOWED = frozenset(
-    {
-        "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
-        "arange", "from_blob", "tensor", "scalar_tensor", "parallel_for", "parallel_reduce", "get_num_threads",
-        "get_thread_num", "in_parallel_region", "init_num_threads", "TensorOptions", "dtype", "device", "Device",
-        "Tensor", "IntArrayRef", "Scalar", "ScalarType", "NoGradGuard", "InferenceMode", "AutoDispatchBelowAutograd",
-        "AutoGradMode", "getCurrentCUDAStream", "getDefaultCUDAStream", "getStreamFromPool", "CUDAStream",
-        "CUDAStreamGuard", "OptionalCUDAGuard", "CUDAGuard", "DeviceGuard", "OptionalDeviceGuard", "elementSize",
-        "toString", "typeMetaToScalarType", "globalContext", "MemoryFormat", "Layout", "Slice", "makeArrayRef",
-        "ArrayRef", "irange", "Half", "BFloat16", "empty_cpu", "TensorArg", "zeros_symint", "empty_symint",
-        "isFloatingType", "isIntegralType", "get_default_dtype", "DimVector", "Generator",
-    }
-)  # fmt: skip
+    [
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "zeros",
+        "zeros_like",
+        "ones",
+        "ones_like",
+        "full",
+        "full_like",
+        "arange",
+        "from_blob",
+        "tensor",
+        "scalar_tensor",
+        "parallel_for",
+        "parallel_reduce",
+        # Shape arithmetic on sizes, not on tensor data.
+        "infer_size",
+        "infer_size_dimvector",
+        "get_num_threads",
+        "get_thread_num",
+        "in_parallel_region",
+        "init_num_threads",
+        "TensorOptions",
+        "dtype",
+        "device",
+        "Device",
+        "Tensor",
+        "IntArrayRef",
+        "Scalar",
+        "ScalarType",
+        "NoGradGuard",
+        "InferenceMode",
+        "AutoDispatchBelowAutograd",
+        "AutoGradMode",
+        "getCurrentCUDAStream",
+        "getDefaultCUDAStream",
+        "getStreamFromPool",
+        "CUDAStream",
+        "CUDAStreamGuard",
+        "OptionalCUDAGuard",
+        "CUDAGuard",
+        "DeviceGuard",
+        "OptionalDeviceGuard",
+        "elementSize",
+        "toString",
+        "typeMetaToScalarType",
+        "globalContext",
+        "MemoryFormat",
+        "Layout",
+        "Slice",
+        "makeArrayRef",
+        "ArrayRef",
+        "irange",
+        "Half",
+        "BFloat16",
+        "empty_cpu",
+        "TensorArg",
+        "zeros_symint",
+        "empty_symint",
+        "isFloatingType",
+        "isIntegralType",
+        "get_default_dtype",
+        "DimVector",
+        "Generator",
+    ]
+)
 TENSOR_METHOD = _P(
     r"\.\s*(matmul|mm|bmm|addmm|baddbmm|sum|mean|exp|log|softmax|log_softmax|relu|relu_|gelu|sigmoid|tanh|pow"
     r"|sqrt|rsqrt|norm|var|std|conv1d|conv2d|linear|mul|mul_|add|add_|sub|sub_|div|div_|clamp|clamp_|clamp_min"
@@ -122,7 +210,7 @@ class CppResult:
 
 _LEXEME = re.compile(
     r'(?<![\w])R"(?P<delim>[^()\\\s]{0,16})\((?:.|\n)*?\)(?P=delim)"'
-    r'|//[^\n]*|/\*(?:.|\n)*?(?:\*/|\Z)'
+    r"|//[^\n]*|/\*(?:.|\n)*?(?:\*/|\Z)"
     r'|"(?:\\.|[^"\\\n])*"?|\'(?:\\.|[^\'\\\n])*\'?'
 )
 
@@ -247,6 +335,16 @@ def _globals(code: str) -> list[tuple[int, str]]:
 
 def scan_sources(files: dict[str, str], hits: Hits, *, fp32: bool) -> CppResult:
     """Runs every C++/CUDA rule over the sources; kernel-launch rules look across all files together."""
+    found, res = _scan_cached(tuple(sorted(files.items())), fp32)
+    hits.extend(found)
+    return CppResult(list(res.streams_made), list(res.streams_joined), list(res.kernels), set(res.functions))
+
+
+@functools.lru_cache(maxsize=64)
+def _scan_cached(items: tuple[tuple[str, str], ...], fp32: bool) -> tuple[tuple[Hit, ...], CppResult]:
+    # Candidates of one job share their sources round after round: scan each source set once.
+    files = dict(items)
+    hits = Hits()
     res = CppResult()
     stripped = {path: strip(text) for path, text in files.items()}
     all_code = "\n".join(code for code, _ in stripped.values())
@@ -263,7 +361,7 @@ def scan_sources(files: dict[str, str], hits: Hits, *, fp32: bool) -> CppResult:
                 res.functions.add(m.group(1))
     _kernels(stripped, all_code, consts, hits, res)
     _comments(stripped, res, hits)
-    return res
+    return tuple(hits), res
 
 
 def _rules(path: str, code: str, hits: Hits, fp32: bool, raw: str) -> None:
@@ -272,13 +370,21 @@ def _rules(path: str, code: str, hits: Hits, fp32: bool, raw: str) -> None:
             hits.add(rule, f"{what}: {m.group(0).strip()[:60]}", f"{path}:{_line(code, m.start())}")
     for m in ATEN_CALL.finditer(code):
         ns, name = m.group(1), m.group(2)
-        if name in ATEN_ALLOWED or name.startswith(("check", "is_", "get_", "set_")) or name[:1].isupper():
+        if name in ATEN_ALLOWED or name.startswith(("check", "is_", "get_", "set_")):
+            continue
+        if name[:1].isupper() and not ns:  # at::Tensor(...), at::Scalar(...): types, not ops
             continue
         if ns.startswith(("cuda::", "indexing::", "detail::")) and not ns.startswith("cuda::blas"):
             continue
         hits.add(
             "D11.torch-op",
             f"ATen compute in C++: {m.group(0).strip()[:60]}",
+            f"{path}:{_line(code, m.start())}",
+        )
+    for m in DISPATCH.finditer(code):
+        hits.add(
+            "D11.torch-op",
+            f"ATen through the dispatcher: {m.group(0).strip()[:60]}",
             f"{path}:{_line(code, m.start())}",
         )
     for m in TENSOR_METHOD.finditer(code):
@@ -364,8 +470,10 @@ def _kernels(
                         where,
                     )
                 elif v is not None and v > SMEM_DEFAULT and not opt_in:
-                    hits.add("D11.smem-limit", f"launch of {m.group(1)} asks {v} B dynamic shared memory without "
-                             "cudaFuncAttributeMaxDynamicSharedMemorySize", where)  # fmt: skip
+                    detail = f"launch of {m.group(1)} asks {v} B dynamic shared memory without opting in"
+                    hits.add(
+                        "D11.smem-limit", detail + " (cudaFuncAttributeMaxDynamicSharedMemorySize)", where
+                    )
         if LAUNCH_API.search(code):
             any_launch = True
         for m in re.finditer(r"cudaFuncSetAttribute\s*\(([^;]*)\)\s*;", code):
@@ -384,8 +492,10 @@ def _kernels(
                 path,
             )
     if res.kernels and not any_launch:
-        hits.add("D11.no-kernel-launch", f"__global__ kernels {', '.join(res.kernels[:6])} are never launched",
-                 next(iter(stripped)))  # fmt: skip
+        names = ", ".join(res.kernels[:6])
+        hits.add(
+            "D11.no-kernel-launch", f"__global__ kernels {names} are never launched", next(iter(stripped))
+        )
     for name in res.kernels:
         refs = len(re.findall(rf"\b{re.escape(name)}\b", all_code))
         defs = len(re.findall(rf"__global__[^;{{()]*\b{re.escape(name)}\s*\(", all_code))

@@ -1,8 +1,10 @@
-"""Forward-path analysis of model_new.py: statements, instance state, interprocedural taint, and the rules on them."""
+"""Forward-path analysis of model_new.py: statements, instance state, interprocedural taint and its rules."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
+from typing import Any
 
 from stitchcuda.verifier.static_graph import Func, Program, walk_body
 from stitchcuda.verifier.static_names import Names, line
@@ -47,7 +49,8 @@ class Flow(Evaluator):
         self.emit = False
         self.counters = self._counters()
         # The function being analysed and the class its self stands for.
-        self.fn: Func = self.reached[0][0] if self.reached else Func(ast.Lambda(), "", None, [], None)
+        placeholder = Func(ast.parse("lambda: None", mode="eval").body, "", None, [], None)  # type: ignore[arg-type]
+        self.fn: Func = self.reached[0][0] if self.reached else placeholder
         self.self_cls: str | None = None
         self.global_decl: set[str] = set()
 
@@ -67,7 +70,8 @@ class Flow(Evaluator):
         self._finish()
 
     def _size(self) -> int:
-        parts = [self.state, self.globals_, self.returns, *self.env.values(), *self.params_in.values()]
+        parts: list[Mapping[Any, Taint]] = [self.state, self.globals_, self.returns]
+        parts += [*self.env.values(), *self.params_in.values()]
         return sum(len(t) for d in parts for t in d.values()) + sum(len(d) for d in parts)
 
     def _pass(self) -> None:
@@ -250,12 +254,12 @@ class Flow(Evaluator):
                     "D11.fallback", f"branch on whether the extension exists: {ast.unparse(node)[:80]}", node
                 )
                 break
-            if isinstance(n, ast.Call) and ast.unparse(n.func) in {"hasattr", "getattr"} and n.args:
-                if isinstance(n.args[0], ast.Name) and n.args[0].id in self.ext_aliases:
-                    self.hit(
-                        "D11.fallback", f"branch on the extension's contents: {ast.unparse(node)[:80]}", node
-                    )
-                    break
+            probe = isinstance(n, ast.Call) and ast.unparse(n.func) in {"hasattr", "getattr"} and n.args
+            if probe and isinstance(n.args[0], ast.Name) and n.args[0].id in self.ext_aliases:  # type: ignore[attr-defined]
+                self.hit(
+                    "D11.fallback", f"branch on the extension's contents: {ast.unparse(node)[:80]}", node
+                )
+                break
         if self.mentions_counter(node):
             self.hit(
                 "D11.call-counter",

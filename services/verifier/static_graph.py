@@ -1,4 +1,4 @@
-"""The forward call graph of model_new.py: classes, functions, instance attributes, and what ModelNew.forward reaches."""
+"""The call graph of model_new.py: classes, functions, instance attributes, what ModelNew.forward reaches."""
 
 from __future__ import annotations
 
@@ -68,7 +68,9 @@ class Program:
             bound = cls is not None and not ({"staticmethod", "builtins.staticmethod"} & set(decorators))
         self_name = params[0] if bound and params else None
         is_triton = any(d.startswith(TRITON_JIT) for d in decorators)
-        return Func(node, name, cls, params[1:] if self_name else params, self_name, decorators, is_triton, bound)
+        return Func(
+            node, name, cls, params[1:] if self_name else params, self_name, decorators, is_triton, bound
+        )
 
     def _index(self, body: list[ast.stmt], cls: str | None, prefix: str) -> None:
         for stmt in body:
@@ -106,9 +108,9 @@ class Program:
                 if f.self_name is None:
                     continue
                 for node in ast.walk(f.node):
-                    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                        if node.func.attr in HOOK_REGISTRARS and node.args:
-                            self.hook_targets.append(node.args[0])
+                    call = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    if call and node.func.attr in HOOK_REGISTRARS and node.args:  # type: ignore[attr-defined]
+                        self.hook_targets.append(node.args[0])  # type: ignore[attr-defined]
                     if not isinstance(node, ast.Assign):
                         continue
                     for t in node.targets:

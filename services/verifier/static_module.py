@@ -1,4 +1,4 @@
-"""Whole-file D11 checks on model_new.py: imports, tampering, I/O, threads, subclasses, streams, seeds, redefinitions."""
+"""Whole-file D11 checks on model_new.py: imports, tampering, I/O, threads, subclasses, streams, seeds."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def shape_tokens(body: list[ast.stmt], names: Names) -> list[str]:
     for stmt in body:
         for n in ast.walk(stmt):
             if isinstance(n, ast.Call):
-                out.append("call:" + (names.qualname(n.func) or getattr(n.func, "attr", "?")))
+                out.append("call:" + str(names.qualname(n.func) or getattr(n.func, "attr", "?")))
             elif isinstance(n, ast.Constant):
                 out.append(f"const:{n.value!r}")
             elif not isinstance(n, ast.Name | ast.Load | ast.Store | ast.arg | ast.arguments):
@@ -242,11 +242,13 @@ class ModuleScan:
             q0 = self.names.qualname(node.args[0])
             if q0 and not self.names.is_ext(q0):
                 self.hit("D11.dynamic-code", f"computed getattr on module {q0}", node)
-        if (q.startswith("torch.set_") and q not in HARMLESS_SET) or q.startswith(
-            ("torch.use_deterministic", "torch._C._set_", "torch.backends.")
+        setter = (q.startswith("torch.set_") and q not in HARMLESS_SET) or q.startswith(
+            ("torch.use_deterministic", "torch._C._set_")
+        )
+        if setter or (
+            q.startswith("torch.backends.") and (q.endswith((".flags", ".set_flags")) or ".set_" in q)
         ):
-            if not q.startswith("torch.backends.") or q.endswith((".flags", ".set_flags")) or ".set_" in q:
-                self.hit("D11.global-state", f"calls {q}", node)
+            self.hit("D11.global-state", f"calls {q}", node)
         if q.startswith(GPU_CONTROL):
             self.hit("D11.gpu-control", f"calls {q}", node)
         if q.startswith(MEMORY_PROBE):

@@ -1,4 +1,4 @@
-"""Import and alias resolution for the D11 scan: maps expressions to dotted names ("F.relu" -> "torch.nn.functional.relu")."""
+"""Import and alias resolution for the D11 scan: expressions to dotted names (F.relu -> torch...relu)."""
 
 from __future__ import annotations
 
@@ -53,10 +53,14 @@ class Names:
                 module = ("." * stmt.level) + (stmt.module or "")
                 for a in stmt.names:
                     if a.name == "*":
-                        self.imports.append(Import(module, stmt.lineno, star=True, top_level=top, in_try=in_try))
+                        self.imports.append(
+                            Import(module, stmt.lineno, star=True, top_level=top, in_try=in_try)
+                        )
                         continue
                     self.aliases[a.asname or a.name] = f"{module}.{a.name}" if module else a.name
-                    self.imports.append(Import(module, stmt.lineno, name=a.name, top_level=top, in_try=in_try))
+                    self.imports.append(
+                        Import(module, stmt.lineno, name=a.name, top_level=top, in_try=in_try)
+                    )
             else:
                 nested_try = in_try or isinstance(stmt, ast.Try | ast.TryStar)
                 for name in ("body", "orelse", "finalbody"):
@@ -112,6 +116,9 @@ class Names:
                 return "builtins"
             if node.id not in self.bound and node.id in BUILTIN_NAMES:
                 return "builtins." + node.id
+            stars = [i.module for i in self.imports if i.star and not i.module.startswith(".")]
+            if node.id not in self.bound and stars:
+                return f"{stars[0]}.{node.id}"  # a free name after `from m import *` most likely comes from m
             return None
         if isinstance(node, ast.Attribute):
             base = self.qualname(node.value)
@@ -125,8 +132,19 @@ class Names:
                 return _const_str(node.args[0])
             return None
         if isinstance(node, ast.Subscript):
-            base = self.qualname(node.value)
             key = _const_str(node.slice)
+            holder = node.value
+            if key is not None and isinstance(holder, ast.Attribute) and holder.attr == "__dict__":
+                owner = self.qualname(holder.value)
+                return f"{owner}.{key}" if owner is not None else None
+            if (
+                key is not None
+                and isinstance(holder, ast.Call)
+                and self.qualname(holder.func) == "builtins.vars"
+            ):
+                owner = self.qualname(holder.args[0]) if holder.args else None
+                return f"{owner}.{key}" if owner is not None else None
+            base = self.qualname(node.value)
             if base in {"sys.modules", "builtins.__dict__", "builtins"} and key is not None:
                 return key if base == "sys.modules" else f"builtins.{key}"
             return None
@@ -135,7 +153,7 @@ class Names:
     def is_ext(self, q: str | None) -> bool:
         if not q or not self.ext_name:
             return False
-        return q == self.ext_name or q.startswith(self.ext_name + ".") or q.startswith(f"torch.ops.{self.ext_name}.")
+        return q == self.ext_name or q.startswith((self.ext_name + ".", f"torch.ops.{self.ext_name}."))
 
     def ext_aliases(self) -> set[str]:
         """Local names bound to the extension module or to one of its functions."""

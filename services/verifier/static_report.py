@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from stitchcuda.api.v1 import verify_pb2
@@ -36,14 +36,16 @@ class Hits:
     def rules(self) -> set[str]:
         return {h.rule for h in self._items.values()}
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Hit]:
         return iter(self._items.values())
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def findings(self, allowed_rules: Iterable[str] = (), limit_per_rule: int = 12) -> list[verify_pb2.Finding]:
-        """Findings ordered by severity (REJECT first), then rule and place; at most limit_per_rule per rule."""
+    def findings(
+        self, allowed_rules: Iterable[str] = (), limit_per_rule: int = 12
+    ) -> list[verify_pb2.Finding]:
+        """Findings by severity (REJECT first), then rule and place; at most limit_per_rule of each rule."""
         permitted = {policy.canonical(r) for r in allowed_rules}
         per_rule: dict[str, int] = {}
         out: list[verify_pb2.Finding] = []
@@ -61,7 +63,8 @@ class Hits:
             if h.rule in permitted and rule.downgradable and severity == policy.REJECT:
                 severity = policy.WARNING
                 detail += " (allowed by policy)"
-            out.append(verify_pb2.Finding(rule=h.rule, severity=severity, detail=detail, where=h.where))
+            level = verify_pb2.Severity.ValueType(severity)
+            out.append(verify_pb2.Finding(rule=h.rule, severity=level, detail=detail, where=h.where))
         return out
 
 

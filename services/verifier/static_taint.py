@@ -38,7 +38,8 @@ from stitchcuda.verifier.static_vocab import (
 )
 
 if TYPE_CHECKING:
-    from stitchcuda.verifier.static_flow import Flow
+    from stitchcuda.verifier.static_graph import Func, Program
+    from stitchcuda.verifier.static_names import Names
 
 Taint = frozenset[tuple[str, str]]
 EMPTY: Taint = frozenset()
@@ -101,7 +102,52 @@ def big_int_literal(node: ast.AST) -> bool:
 class Evaluator:
     """Expression evaluation; Flow (static_flow.py) adds statements, state and the rules."""
 
-    def ev(self: Flow, node: ast.AST | None) -> Taint:
+    program: Program
+    names: Names
+    fn: Func
+    self_cls: str | None
+    state: dict[str, Taint]
+    triton: set[str]
+    path: str
+
+    # Implemented by Flow.
+    def hit(self, rule: str, detail: str, node: ast.AST | None) -> None:
+        raise NotImplementedError
+
+    def lookup(self, name: str) -> Taint:
+        raise NotImplementedError
+
+    def bind(self, target: ast.expr, t: Taint, value: ast.expr | None) -> None:
+        raise NotImplementedError
+
+    def test(self, node: ast.expr) -> None:
+        raise NotImplementedError
+
+    def is_self(self, node: ast.AST) -> bool:
+        raise NotImplementedError
+
+    def is_state(self, node: ast.AST) -> bool:
+        raise NotImplementedError
+
+    def state_type(self, node: ast.AST) -> str | None:
+        raise NotImplementedError
+
+    def mentions_counter(self, node: ast.AST) -> bool:
+        raise NotImplementedError
+
+    def custom(self, node: ast.Call, allt: Taint, what: str) -> Taint:
+        raise NotImplementedError
+
+    def local_call(self, node: ast.Call, targets: list[Func], args: list[Taint], allt: Taint) -> Taint:
+        raise NotImplementedError
+
+    def store_state(self, node: ast.AST, what: str, t: Taint) -> None:
+        raise NotImplementedError
+
+    def write_into(self, target: ast.AST, t: Taint) -> None:
+        raise NotImplementedError
+
+    def ev(self, node: ast.AST | None) -> Taint:
         if node is None or isinstance(node, ast.Constant | ast.Lambda):
             return EMPTY
         if isinstance(node, ast.Name):
@@ -154,7 +200,7 @@ class Evaluator:
             return retag(union(*(self.ev(v) for v in node.values)), "M")
         return EMPTY
 
-    def ev_attribute(self: Flow, node: ast.Attribute) -> Taint:
+    def ev_attribute(self, node: ast.Attribute) -> Taint:
         if self.is_self(node.value):
             return self.state.get(node.attr, EMPTY)
         if self.names.qualname(node) is not None:
@@ -168,7 +214,7 @@ class Evaluator:
             return base
         return no_alias(base)
 
-    def ev_subscript(self: Flow, node: ast.Subscript) -> Taint:
+    def ev_subscript(self, node: ast.Subscript) -> Taint:
         base = self.ev(node.value)
         idx = self.ev(node.slice)
         if has(idx, "I"):
@@ -185,7 +231,7 @@ class Evaluator:
             )
         return base
 
-    def binop(self: Flow, node: ast.AST, left: Taint, op: ast.operator, right: Taint) -> Taint:
+    def binop(self, node: ast.AST, left: Taint, op: ast.operator, right: Taint) -> Taint:
         both = union(left, right)
         if has(both, "T", "A"):
             what = "@ (matmul)" if isinstance(op, ast.MatMult) else f"arithmetic ({type(op).__name__})"
@@ -197,7 +243,7 @@ class Evaluator:
             return retag(both, "M") if isinstance(op, ast.Mod | ast.BitAnd) else retag(both, "I")
         return both
 
-    def ev_compare(self: Flow, node: ast.Compare) -> Taint:
+    def ev_compare(self, node: ast.Compare) -> Taint:
         parts = [node.left, *node.comparators]
         taints = [self.ev(p) for p in parts]
         allt = union(*taints)
@@ -227,7 +273,7 @@ class Evaluator:
         return retag(allt, "M")
 
     # -- calls --------------------------------------------------------------------------------------
-    def ev_call(self: Flow, node: ast.Call) -> Taint:
+    def ev_call(self, node: ast.Call) -> Taint:
         args = [self.ev(a) for a in node.args]
         kwargs = [self.ev(k.value) for k in node.keywords]
         allt = union(*args, *kwargs)
@@ -248,6 +294,13 @@ class Evaluator:
             value = self.program.attr_value(self.self_cls, func.attr) if self.self_cls else None
             if value is not None and (q := self.names.qualname(value)) is not None:
                 return self.qualified_call(node, q, args, allt)
+        if isinstance(func, ast.Call) and self.names.qualname(func.func) == "builtins.getattr" and func.args:
+            name = const_str(func.args[1]) if len(func.args) > 1 else None
+            obj = self.ev(func.args[0])
+            if name is not None and self.names.qualname(func.args[0]) is None:
+                return self.tensor_method(node, name, obj, allt, func.args[0])
+            if name is None and has(obj, "T", "A"):
+                self.hit("D11.dynamic-code", "computed getattr on an input-derived tensor", node)
         if isinstance(func, ast.Call):
             inner = self.names.qualname(func.func)
             if inner and inner.startswith("torch.nn.") and inner.rsplit(".", 1)[-1][:1].isupper():
@@ -262,7 +315,7 @@ class Evaluator:
             return self.method_call(node, func, allt)
         return no_alias(union(self.ev(func), allt))
 
-    def qualified_call(self: Flow, node: ast.Call, q: str, args: list[Taint], allt: Taint) -> Taint:
+    def qualified_call(self, node: ast.Call, q: str, args: list[Taint], allt: Taint) -> Taint:
         if self.names.is_ext(q):
             return self.custom(node, allt, q)
         if q.startswith("torch.ops."):
@@ -297,7 +350,7 @@ class Evaluator:
             return no_alias(data(allt))
         return no_alias(allt)
 
-    def builtin_call(self: Flow, node: ast.Call, name: str, args: list[Taint], allt: Taint) -> Taint:
+    def builtin_call(self, node: ast.Call, name: str, args: list[Taint], allt: Taint) -> Taint:
         if name == "len":
             return retag(allt, "M")
         if name in {"id", "hash"}:
@@ -320,9 +373,12 @@ class Evaluator:
             return EMPTY
         return allt
 
-    def method_call(self: Flow, node: ast.Call, func: ast.Attribute, allt: Taint) -> Taint:
+    def method_call(self, node: ast.Call, func: ast.Attribute, allt: Taint) -> Taint:
         m = func.attr
         recv = func.value
+        if self.is_self(recv) and m in {"register_buffer", "register_parameter", "__setattr__", "add_module"}:
+            self.store_state(node, f"self.{m}(...)", allt)
+            return EMPTY
         if self.is_state(recv):
             if m in CONTAINER_WRITE:
                 self.store_state(node, f"{ast.unparse(recv)[:40]}.{m}(...)", allt)
@@ -340,9 +396,7 @@ class Evaluator:
             return self.custom(node, union(allt, *self.state.values()), "CUDA graph replay")
         return self.tensor_method(node, m, self.ev(recv), allt, recv)
 
-    def tensor_method(
-        self: Flow, node: ast.Call, m: str, r: Taint, allt: Taint, recv: ast.AST | None
-    ) -> Taint:
+    def tensor_method(self, node: ast.Call, m: str, r: Taint, allt: Taint, recv: ast.AST | None) -> Taint:
         both = union(r, allt)
         if m in META_METHODS:
             return retag(r, "M")
@@ -379,14 +433,14 @@ class Evaluator:
             return no_alias(data(both))
         return no_alias(both)
 
-    def compute(self: Flow, node: ast.Call, q: str, allt: Taint) -> Taint:
+    def compute(self, node: ast.Call, q: str, allt: Taint) -> Taint:
         if has(allt, "T", "A", "V"):
             self.hit("D11.torch-op", f"{q} on input-derived tensors", node)
         else:
             self.hit("D11.param-op", f"{q} on parameters or constants only", node)
         return no_alias(data(allt))
 
-    def layer_call(self: Flow, node: ast.Call, kind: str, allt: Taint) -> Taint:
+    def layer_call(self, node: ast.Call, kind: str, allt: Taint) -> Taint:
         if kind.rsplit(".", 1)[-1] in {"Identity", "Flatten", "Unflatten"}:
             return allt
         if has(allt, "T", "A", "V"):
@@ -395,5 +449,5 @@ class Evaluator:
             self.hit("D11.param-op", f"nn layer {kind} called on constants", node)
         return no_alias(data(allt))
 
-    def where(self: Flow, node: ast.AST | None) -> str:
+    def where(self, node: ast.AST | None) -> str:
         return f"{self.path}:{line(node) if node is not None else 0}"

@@ -1,4 +1,4 @@
-"""Name sets of the D11 scan: which torch calls compute, which only allocate or view, and which modules are dangerous."""
+"""Name sets of the D11 scan: which torch calls compute, which only allocate or view, which are risky."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ TORCH_NEUTRAL_PREFIXES = (
     "torch.cuda.synchronize", "torch.cuda.current_stream", "torch.cuda.default_stream",
     "torch.cuda.current_device", "torch.cuda.device", "torch.cuda.is_available", "torch.cuda.device_count",
     "torch.cuda.get_device_", "torch.cuda.Event", "torch.cuda.nvtx", "torch.cuda.empty_cache",
-    "torch.cuda.is_current_stream_capturing", "torch.cuda.Stream", "torch.cuda.stream", "torch.cuda.ExternalStream",
+    "torch.cuda.is_current_stream_capturing", "torch.cuda.Stream", "torch.cuda.stream",
+    "torch.cuda.ExternalStream",
     "torch.cuda.StreamContext", "torch.cuda.CUDAGraph", "torch.cuda.graph", "torch.cuda.graphs",
     "torch.cuda.mem_get_info", "torch.cuda.memory", "torch.cuda.max_memory", "torch.cuda.streams",
     "torch.autograd.profiler", "torch.profiler", "torch.ops", "torch.library", "torch.utils",
@@ -137,7 +138,14 @@ def _tensor_methods() -> frozenset[str]:
     return frozenset(names | TENSOR_COMPUTE)
 
 
-TENSOR_METHODS = _tensor_methods()
+DUNDER_COMPUTE = frozenset(
+    f"__{op}__"
+    for base in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor")
+    for op in (base, "r" + base, "i" + base)
+) | frozenset(
+    {"__neg__", "__abs__", "__invert__", "__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__"}
+)
+TENSOR_METHODS = _tensor_methods() | DUNDER_COMPUTE
 
 # Builtins that compute when handed tensors.
 BUILTIN_COMPUTE = frozenset({"abs", "sum", "max", "min", "pow", "round", "divmod", "sorted"})
@@ -156,7 +164,7 @@ LOW_DTYPES = frozenset(
 LOW_METHODS = frozenset({"half", "bfloat16"})
 AUTOCAST = ("torch.autocast", "torch.cuda.amp", "torch.cpu.amp", "torch.amp")
 
-# Module categories: (qualified prefix, rule); the first match wins, so specific prefixes come first; "" = harmless.
+# Module categories: (qualified prefix, rule); the first match wins (specific prefixes first); "" = harmless.
 MODULE_RULES: tuple[tuple[str, str], ...] = (
     ("torch.utils.cpp_extension", "D11.guarded-build"),
     ("torch.multiprocessing", "D11.thread"),
@@ -169,6 +177,9 @@ MODULE_RULES: tuple[tuple[str, str], ...] = (
     ("torch.Tensor._make_wrapper_subclass", "D11.tensor-subclass"),
     ("torch._C._disabled_torch_function_impl", "D11.tensor-subclass"),
     ("torch.save", "D11.io"),
+    ("torch.jit.load", "D11.io"),
+    ("torch.jit.save", "D11.io"),
+    ("torch.package", "D11.io"),
     ("torch.load", "D11.io"),
     ("torch.hub", "D11.network"),
     ("numpy.load", "D11.io"),
@@ -334,7 +345,12 @@ STREAM_MAKERS = (
     "torch.cuda.streams.Stream", "torch.cuda.stream", "torch.cuda.StreamContext", "torch.get_device_module",
 )  # fmt: skip
 STREAM_JOIN_METHODS = frozenset({"wait_stream", "wait_event", "synchronize", "wait"})
-GRAPH_NAMES = ("torch.cuda.CUDAGraph", "torch.cuda.graph", "torch.cuda.make_graphed_callables", "torch.cuda.graphs")
+GRAPH_NAMES = (
+    "torch.cuda.CUDAGraph",
+    "torch.cuda.graph",
+    "torch.cuda.make_graphed_callables",
+    "torch.cuda.graphs",
+)
 TIMER_FUNCS = frozenset({"elapsed_time"})
 # Decorators that keep results keyed on arguments.
 MEMO_DECORATORS = frozenset({"functools.lru_cache", "functools.cache", "functools.cached_property"})

@@ -82,7 +82,40 @@ def problems(fix: bool = False) -> list[str]:
     return out
 
 
+README_HEAD = """# Verifier corpus: reward hacks and honest candidates
+
+Each folder is one candidate in the format of `shared/candidate.py` (`model_new.py`, its C++/CUDA sources,
+`manifest.json`) plus `expect.json`: the reference problem, the expected verdict, the row of
+`VERIFIER_THREATS.md` section 2 it stands for (`§3` for the honest false-positive traps), why, the device, and
+which part of the Verifier is meant to catch it (`static` = the D11 scan alone, `runtime` = the sandboxed run
+(D1-D10), `both`). `runtime` candidates are statically clean on purpose, so they really test the run-time checks.
+
+Most candidates share a few byte-identical sources from `_kits/` (one build-cache key per kit, so the whole CPU
+corpus compiles 3 extensions): `kit.cpp` (honest kernels plus statically clean wrong ones), `cbad.cpp` (hacks
+that live in C++), `ccomment.cpp`; CUDA: `ckit.cu`, `cstream.cu`, `csmem.cu`, `cmainloop.cu`. After editing a
+kit, run `python tests/corpus/sync.py` (copies kits and manifests, regenerates this table).
+
+Tests: `tests/unit/verifier_static/test_static_corpus.py` (static scan only),
+`tests/integration/test_hack_corpus.py` (CPU, marker `slow`), `tests/gpu/test_hack_corpus_gpu.py` (marker `gpu`).
+
+| candidate | device | reference | row | expected | caught by | why |
+|---|---|---|---|---|---|---|
+"""
+
+
+def readme() -> str:
+    lines = [README_HEAD.rstrip("\n")]
+    for folder in candidate_dirs():
+        e = expect(folder)
+        ref = Path(str(e["reference"])).stem
+        lines.append(
+            f"| `{folder.name}` | {e['device']} | {ref} | {e['row']} | {e['expected']} | {e['caught_by']} | {e['why']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
     fixed = problems(fix=True)
+    (CORPUS / "README.md").write_text(readme())
     print("\n".join(fixed) if fixed else "corpus kits are in sync")
     sys.exit(0)

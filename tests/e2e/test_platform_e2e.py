@@ -28,6 +28,14 @@ def real_platform(seaweed: object, tmp_path_factory: pytest.TempPathFactory) -> 
         seaweed,  # type: ignore[arg-type]
         STITCH_BUILD_CACHE_DIR=os.environ["STITCH_TEST_BUILD_CACHE"],
         STITCH_HOME=str(tmp_path_factory.mktemp("home")),
+        # Short measurements (2 shared cores): what is tested here is the platform around the services.
+        STITCH_PLANNER_PROFILE_COMPILE="false",
+        STITCH_PLANNER_NSYS_ENABLED="false",
+        STITCH_PLANNER_PROFILE_ITERS="3",
+        STITCH_COMPILE_BASELINE="false",
+        STITCH_TRIALS="2",
+        STITCH_TIMING_ITERATIONS="5",
+        STITCH_WARMUP_ITERATIONS="1",
     )
     platform = Platform(env, Path(tmp_path_factory.mktemp("platform")), fake=False)
     try:

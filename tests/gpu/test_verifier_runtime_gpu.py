@@ -142,7 +142,7 @@ def test_joined_side_stream_is_legitimate(service: VerifierService, tmp_path: Pa
 
 def test_unjoined_side_stream_is_rejected(service: VerifierService, tmp_path: Path) -> None:
     verdict = service.verify_dir(
-        REF01, candidate_dir(tmp_path, "sidestream", stream=SIDE, spin=200), device="cuda"
+        REF01, candidate_dir(tmp_path, "sidestream", stream=SIDE, spin=5000), device="cuda"
     )
     assert not verdict.accepted, verdict.feedback
     assert rejects(verdict) & {"D6.unjoined-stream", "D7.clock-disagree", "D3.mismatch"}, verdict.feedback

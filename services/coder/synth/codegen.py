@@ -263,7 +263,15 @@ def acc_final(fn: str, acc: str, name: str, count: str) -> str:
 class Host:
     """Writes the body of `forward`: checks, host ops, library calls and kernel launches."""
 
-    def __init__(self, program: Program, backend: str, launch: Callable[[KernelInfo, Host], list[str]]) -> None:
+    def __init__(
+        self,
+        program: Program,
+        backend: str,
+        launch: Callable[[KernelInfo, Host], list[str]],
+        *,
+        custom_library: bool = False,
+    ) -> None:
+        self.custom = custom_library
         self.p = program
         self.g = program.graph
         self.backend = backend
@@ -375,7 +383,13 @@ class Host:
         if op.kind == LIB:
             if op.fn == "lstm":
                 self.helpers.add("lstm")
-            return [f"at::Tensor {tensor_var(op.out)} = {self.lib_expr(op)};"]
+                if self.custom:
+                    self.helpers.add("custom")
+            lines = [f"at::Tensor {tensor_var(op.out)} = {self.lib_expr(op)};"]
+            if op.attrs.get("causal"):
+                self.helpers.add("causal")
+                lines.append(f"stitch_causal_fill({tensor_var(op.out)});")
+            return lines
         if op.kind == HOST:
             return self.host_scalar(op)
         if op.kind == ITEM:
@@ -572,14 +586,48 @@ class Host:
         t = [tensor_var(a.id) if isinstance(a, Ref) else self.scalar_expr(a) for a in op.args]
         fn = op.fn
         at = op.attrs
+        custom = self.custom
+        if fn in ("linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "conv1d", "conv2d") and custom:
+            self.helpers.add("custom")
         if fn == "linear":
             bias = self.opt_tensor(op.args[2]) if at.get("bias") else "c10::nullopt"
-            return f"stitch::linear({t[0]}, {t[1]}, {bias})"
+            if not custom:
+                self.helpers.add("linear")
+            return f"stitch_linear({t[0]}, {t[1]}, {bias})"
         if fn in ("matmul", "mm", "bmm"):
-            return f"at::{fn}({t[0]}, {t[1]})"
+            return f"{'stitch_' if custom else 'at::'}{fn}({t[0]}, {t[1]})"
         if fn in ("addmm", "baddbmm"):
+            if custom:
+                if fn == "baddbmm" or at["beta"] != 1 or at["alpha"] != 1:
+                    raise Unsupported(f"{op.origin}: no custom kernel for {fn} with beta/alpha")
+                return f"stitch_addmm({t[0]}, {t[1]}, {t[2]})"
             return f"at::{fn}({t[0]}, {t[1]}, {t[2]}, {at['beta']}, {at['alpha']})"
+        if fn == "einsum":
+            if custom:
+                raise Unsupported(f"{op.origin}: no custom kernel for einsum")
+            return f'at::einsum("{at["equation"]}", {{{", ".join(t)}}})'
+        if fn in ("conv1d", "conv2d", "conv3d"):
+            bias = self.opt_tensor(op.args[2]) if at.get("bias") else "c10::nullopt"
+            pad = at["padding"]
+            stride = self.int_list([Const(x) for x in at["stride"]])
+            dil = self.int_list([Const(x) for x in at["dilation"]])
+            if custom:
+                if fn == "conv3d" or isinstance(pad, str):
+                    raise Unsupported(f"{op.origin}: no custom kernel for {fn} with padding {pad!r}")
+                pads = self.int_list([Const(p) for p in pad])
+                return f"stitch_{fn}({t[0]}, {t[1]}, {bias}, {stride}, {pads}, {dil}, {at['groups']})"
+            pad_expr = f'"{pad}"' if isinstance(pad, str) else self.int_list([Const(p) for p in pad])
+            return f"at::{fn}({t[0]}, {t[1]}, {bias}, {stride}, {pad_expr}, {dil}, {at['groups']})"
+        if fn.startswith("conv_transpose"):
+            if custom:
+                raise Unsupported(f"{op.origin}: no custom kernel for {fn}")
+            bias = self.opt_tensor(op.args[2]) if at.get("bias") else "c10::nullopt"
+            lists = [self.int_list([Const(x) for x in at[k]]) for k in ("stride", "padding", "output_padding")]
+            dil = self.int_list([Const(x) for x in at["dilation"]])
+            return f"at::{fn}({t[0]}, {t[1]}, {bias}, {lists[0]}, {lists[1]}, {lists[2]}, {at['groups']}, {dil})"
         if fn == "sdpa":
+            if custom:
+                raise Unsupported(f"{op.origin}: no custom kernel for attention with an explicit mask")
             mask = self.opt_tensor(op.args[3]) if at.get("mask") else "c10::nullopt"
             scale = f"c10::optional<double>({at['scale']!r})" if at.get("scale") is not None else "c10::nullopt"
             causal = "true" if at["is_causal"] else "false"
@@ -590,20 +638,6 @@ class Host:
                 f"stitch_lstm({t[0]}, {{{weights}}}, {at['layers']}, {str(at['bias']).lower()}, "
                 f"{str(at['batch_first']).lower()})"
             )
-        if fn == "einsum":
-            return f'at::einsum("{at["equation"]}", {{{", ".join(t)}}})'
-        if fn in ("conv1d", "conv2d", "conv3d"):
-            bias = self.opt_tensor(op.args[2]) if at.get("bias") else "c10::nullopt"
-            pad = at["padding"]
-            pad_expr = f'"{pad}"' if isinstance(pad, str) else self.int_list([Const(p) for p in pad])
-            stride = self.int_list([Const(x) for x in at["stride"]])
-            dil = self.int_list([Const(x) for x in at["dilation"]])
-            return f"at::{fn}({t[0]}, {t[1]}, {bias}, {stride}, {pad_expr}, {dil}, {at['groups']})"
-        if fn.startswith("conv_transpose"):
-            bias = self.opt_tensor(op.args[2]) if at.get("bias") else "c10::nullopt"
-            lists = [self.int_list([Const(x) for x in at[k]]) for k in ("stride", "padding", "output_padding")]
-            dil = self.int_list([Const(x) for x in at["dilation"]])
-            return f"at::{fn}({t[0]}, {t[1]}, {bias}, {lists[0]}, {lists[1]}, {lists[2]}, {at['groups']}, {dil})"
         raise Unsupported(f"{op.origin}: library call {fn}")
 
     # ---- shared launch glue ------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from stitchcuda.coder.synth.codegen import (
 )
 from stitchcuda.coder.synth.fusion import Program
 from stitchcuda.coder.synth.ir import Unsupported
-from stitchcuda.coder.synth import rnn
+from stitchcuda.coder.synth import libops, rnn
 from stitchcuda.coder.synth.runtime import HEADER_NAME
 from stitchcuda.coder.synth.variants import Variant
 
@@ -470,7 +470,7 @@ def launch_lines(info: KernelInfo, host: Host, *, backend: str) -> list[str]:
 def emit(program: Program, variant: Variant, ext_name: str) -> tuple[str, list[str], list[str]]:
     """(forward.cpp source, cflags, ldflags) for the CPU extension."""
     kernels = CpuKernels(program, variant)
-    host = Host(program, "cpu", kernels.launch)
+    host = Host(program, "cpu", kernels.launch, custom_library=variant.gemm == "custom")
     body = host.body()
     ret, params = host.signature()
     forward = [f"{ret} forward(", "    " + ",\n    ".join(params) + ") {", *indent(body, 2), "}"]
@@ -490,7 +490,8 @@ def emit(program: Program, variant: Variant, ext_name: str) -> tuple[str, list[s
             "namespace {",
             "",
             "\n\n".join(kernels.functions),
-            *([rnn.cpu_helper()] if "lstm" in host.helpers else []),
+            libops.helper_source(host.helpers, "cpu"),
+            *([rnn.cpu_helper(custom=host.custom)] if "lstm" in host.helpers else []),
             "",
             "}  // namespace",
             "",

@@ -24,7 +24,7 @@ from stitchcuda.coder.synth.codegen import (
 from stitchcuda.coder.synth.cpu import indent, launch_lines
 from stitchcuda.coder.synth.fusion import Program
 from stitchcuda.coder.synth.ir import Attr, Ref, Unsupported
-from stitchcuda.coder.synth import rnn
+from stitchcuda.coder.synth import libops, rnn
 from stitchcuda.coder.synth.runtime import HEADER_NAME
 from stitchcuda.coder.synth.variants import Variant
 
@@ -63,7 +63,12 @@ __device__ __forceinline__ float lane4(const float4& f, int l) {
   return l == 0 ? f.x : (l == 1 ? f.y : (l == 2 ? f.z : f.w));
 }
 
-inline int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
+inline int sm_count() {
+  int device = 0, count = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
@@ -733,7 +738,7 @@ class CudaKernels:
 def emit(program: Program, variant: Variant, ext_name: str) -> tuple[str, list[str], list[str], list[str]]:
     """(forward.cu source, cflags, cuda_cflags, ldflags) for the CUDA extension."""
     kernels = CudaKernels(program, variant)
-    host = Host(program, "cuda", kernels.launch)
+    host = Host(program, "cuda", kernels.launch, custom_library=variant.gemm == "custom")
     body = host.body()
     ret, params = host.signature()
     forward = [f"{ret} forward(", "    " + ",\n    ".join(params) + ") {", *indent(body, 2), "}"]
@@ -756,7 +761,8 @@ def emit(program: Program, variant: Variant, ext_name: str) -> tuple[str, list[s
             "namespace {",
             DEVICE_HELPERS,
             "\n\n".join(kernels.functions),
-            *([rnn.cuda_helper()] if "lstm" in host.helpers else []),
+            libops.helper_source(host.helpers, "cuda"),
+            *([rnn.cuda_helper(custom=host.custom)] if "lstm" in host.helpers else []),
             "",
             "}  // namespace",
             "",

@@ -971,13 +971,32 @@ class Normalizer:
         if got.get("enable_gqa") is not None and self.literal(got["enable_gqa"]):
             raise Unsupported(f"{node.name}: grouped-query attention")
         mask = got.get("attn_mask")
-        attrs = {
-            "is_causal": bool(self.literal(got.get("is_causal", Const(False)))),
-            "scale": self.literal(got["scale"]) if got.get("scale") is not None else None,
-            "mask": mask is not None,
-        }
-        operands = [got["query"], got["key"], got["value"]] + ([mask] if mask is not None else [])
-        return self.lib("sdpa", operands, attrs, node)
+        causal = bool(self.literal(got.get("is_causal", Const(False))))
+        scale = self.literal(got["scale"]) if got.get("scale") is not None else None
+        if mask is not None:
+            attrs = {"is_causal": causal, "scale": scale, "mask": True}
+            return self.lib("sdpa", [got["query"], got["key"], got["value"], mask], attrs, node)
+        # softmax(q k^T * scale [causal]) v: two GEMMs around one fused row kernel.
+        q, k, v = got["query"], got["key"], got["value"]
+        qs, ks = self.shape_of(q), self.shape_of(k)
+        kt_shape = (*ks[:-2], ks[-1], ks[-2])
+        kt = self.view_op("transpose", k, {"args": [Const(-2), Const(-1)], "kwargs": {}}, kt_shape, node.name)
+        scores_shape = broadcast_shapes(qs[:-2], ks[:-2]) + (qs[-2], ks[-2])
+        sid = self.fresh(node.name)
+        self.g.add_value(Value(sid, "tensor", scores_shape, contiguous_strides(scores_shape)))
+        self.g.add_op(Op(LIB, "matmul", sid, [q, kt], {"causal": causal}, origin=node.name))
+        if scale is None:
+            e = self.fresh(node.name)
+            self.g.add_value(Value(e, "int", const=qs[-1]))
+            self.g.add_op(Op(HOST, "size", e, [q, Const(-1)], origin=node.name))
+            root = self.fresh(node.name)
+            self.g.add_value(Value(root, "float", const=math.sqrt(qs[-1])))
+            self.g.add_op(Op(HOST, "sqrt", root, [Ref(e)], origin=node.name))
+            scaled = self.emit_ew("div", [Ref(sid), Ref(root)], [], node.name)
+        else:
+            scaled = self.emit_ew("mul", [Ref(sid), Const(float(scale))], [], node.name)
+        probs = self.softmax_of(scaled, -1, node.name, log=False)
+        return self.lib("matmul", [probs, v], {}, node)
 
     def lower_view_call(self, node: TracedNode, name: str, args: list[Any], kwargs: dict[str, Any]) -> Ref:
         return self._view(node, name, args, kwargs)

@@ -71,7 +71,13 @@ at::Tensor stitch_lstm(const at::Tensor& x, const std::vector<at::Tensor>& w, in
 """
 
 
-def cpu_helper() -> str:
+def _loop(custom: bool) -> str:
+    if not custom:
+        return HOST_LOOP
+    return HOST_LOOP.replace("at::addmm(", "stitch_addmm(").replace("at::mm(", "stitch_mm(")
+
+
+def cpu_helper(*, custom: bool = False) -> str:
     return (
         "\n".join(
             [
@@ -88,11 +94,11 @@ def cpu_helper() -> str:
             ]
         )
         + "\n"
-        + HOST_LOOP
+        + _loop(custom)
     )
 
 
-def cuda_helper() -> str:
+def cuda_helper(*, custom: bool = False) -> str:
     return (
         "\n".join(
             [
@@ -116,5 +122,5 @@ def cuda_helper() -> str:
             ]
         )
         + "\n"
-        + HOST_LOOP
+        + _loop(custom)
     )

@@ -8,6 +8,7 @@ HEADER = r"""// stitch_runtime.h: shared by the host code and the kernels of a S
 #pragma once
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -111,9 +112,20 @@ template <typename I>
 STITCH_HD int64_t col_off(const Desc& d, I c) { return seg_off<I>(d.cdiv, d.cmod, d.cstr, d.nc, c); }
 
 // ---- host helpers ----
+// The broadcast of several shapes (numpy rules), checked.
 inline std::vector<int64_t> broadcast(std::initializer_list<at::IntArrayRef> shapes) {
-  std::vector<int64_t> out;
-  for (const auto& s : shapes) out = at::infer_size(out, s);
+  size_t rank = 0;
+  for (const auto& s : shapes) rank = std::max(rank, s.size());
+  std::vector<int64_t> out(rank, 1);
+  for (const auto& s : shapes) {
+    const size_t off = rank - s.size();
+    for (size_t i = 0; i < s.size(); ++i) {
+      const int64_t v = s[i];
+      if (v == 1) continue;
+      TORCH_CHECK(out[off + i] == 1 || out[off + i] == v, "shapes do not broadcast");
+      out[off + i] = v;
+    }
+  }
   return out;
 }
 
@@ -195,15 +207,6 @@ inline int64_t pool_out(int64_t in, int64_t k, int64_t pad, int64_t stride, int6
 }
 
 inline at::Tensor contiguous_operand(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
-
-inline at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
-  std::vector<int64_t> sizes = x.sizes().vec();
-  const int64_t k = x.size(-1);
-  sizes.back() = w.size(0);
-  at::Tensor x2 = x.reshape({-1, k});
-  at::Tensor y = b.has_value() ? at::addmm(*b, x2, w.t()) : at::mm(x2, w.t());
-  return y.view(sizes);
-}
 
 }  // namespace stitch
 """

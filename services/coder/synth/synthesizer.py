@@ -14,7 +14,7 @@ from stitchcuda.coder.synth.ir import Graph, Unsupported
 from stitchcuda.coder.synth.modelnew import build_source
 from stitchcuda.coder.synth.normalize import normalize
 from stitchcuda.coder.synth.runtime import HEADER, HEADER_NAME
-from stitchcuda.coder.synth.trace import Trace, run_trace
+from stitchcuda.coder.synth.trace import Trace, run_trace, trace_from_json
 from stitchcuda.coder.synth.variants import Variant
 from stitchcuda.shared.candidate import ENTRY, validate
 
@@ -28,6 +28,8 @@ class Synthesis:
     variant: Variant
     rationale: str
     kernels: list[str] = field(default_factory=list)
+    # What the program contains (pointwise, row, pool, gemm, conv, library): which knobs can matter.
+    features: list[str] = field(default_factory=list)
 
 
 class _TraceCache:
@@ -61,8 +63,11 @@ def target_of(plan: plan_pb2.Plan | None, device: str | None = None) -> str:
 
 
 class Synthesizer:
-    def __init__(self, *, trace_timeout_s: float = 120.0) -> None:
+    def __init__(self, *, trace_timeout_s: float = 300.0, in_process: bool = False) -> None:
+        """in_process=True traces in this interpreter (tests with trusted references only: the reference
+        then runs here and reseeds torch's global RNG); the default is a fresh subprocess per trace."""
         self.trace_timeout_s = trace_timeout_s
+        self.in_process = in_process
         self._traces = _TraceCache()
 
     def trace(self, reference_source: str) -> Trace:
@@ -73,7 +78,12 @@ class Synthesizer:
         # ModelNew's constructor is checked against the reference's own parameters and buffers
         # (same seed, same values) in the tracing process.
         init_source = build_source(reference_source, None, [], None, ext_name="unused", doc="constructor check")
-        traced = run_trace(reference_source, init_source=init_source, timeout_s=self.trace_timeout_s)
+        if self.in_process:
+            from stitchcuda.coder.synth import trace_worker
+
+            traced = trace_from_json(trace_worker.safe_trace(reference_source, init_source))
+        else:
+            traced = run_trace(reference_source, init_source=init_source, timeout_s=self.trace_timeout_s)
         check = traced.init_check or {}
         if not check.get("ok", False):
             raise Unsupported(f"ModelNew's constructor does not reproduce Model's state: {check.get('detail')}")
@@ -111,6 +121,10 @@ class Synthesizer:
             forward_file = "forward.cpp"
         summary = [f"{k.name}: {k.kind} over {', '.join(k.origins)}" for k in program.kernels]
         library = [s.op.fn for s in program.steps if s.op is not None and s.op.kind == "lib"]
+        features = {k.kind for k in program.kernels}
+        for fn in library:
+            features.add("conv" if fn.startswith("conv") else "gemm" if fn != "sdpa" else "attention")
+            features.add("library")
         doc = (
             f"ModelNew synthesized by StitchCUDA's built-in coder ({backend}): "
             f"{len(program.kernels)} fused kernel(s) in extension {ext_name}."
@@ -128,7 +142,7 @@ class Synthesizer:
         rationale = "; ".join(summary)
         if library:
             rationale += f"; library calls: {', '.join(library)} (epilogues fused into custom kernels)"
-        synthesis = Synthesis(files, build, variant, rationale, summary)
+        synthesis = Synthesis(files, build, variant, rationale, summary, sorted(features))
         validate(to_candidate(synthesis))
         return synthesis
 
@@ -141,5 +155,5 @@ def to_candidate(s: Synthesis) -> code_pb2.Candidate:
         entry=ENTRY,
         coder="builtin",
         rationale=s.rationale,
-        variant=s.variant.as_map(),
+        variant={**s.variant.as_map(), "features": ",".join(s.features)},
     )

@@ -286,16 +286,21 @@ def trace(source: str, init_source: str | None) -> dict[str, Any]:
     return result
 
 
+def safe_trace(source: str, init_source: str | None) -> dict[str, Any]:
+    """trace(), with a failure described as JSON (the line of the reference that raised) instead of raised."""
+    try:
+        return trace(source, init_source)
+    except Exception as exc:
+        tb = traceback.extract_tb(exc.__traceback__)
+        where = next((f"line {f.lineno}" for f in reversed(tb) if f.filename == "reference.py"), "")
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "where": where}
+
+
 def main() -> None:
     request = json.loads(sys.stdin.read())
     out_path = sys.argv[1]
     torch.set_num_threads(1)
-    try:
-        result = trace(request["source"], request.get("init_source"))
-    except BaseException as exc:
-        tb = traceback.extract_tb(exc.__traceback__)
-        where = next((f"line {f.lineno}" for f in reversed(tb) if f.filename == "reference.py"), "")
-        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "where": where}
+    result = safe_trace(request["source"], request.get("init_source"))
     with open(out_path, "w") as fh:
         json.dump(result, fh)
 

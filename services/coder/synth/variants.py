@@ -22,7 +22,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "vec": ("4", "1"),
     # auto: the synthesizer's own fusion; plan: never fuse across the plan's subtasks; none: one op per kernel.
     "fusion": ("auto", "plan", "none"),
-    # GEMMs: the vendor library with a custom epilogue kernel, or the synthesizer's own tiled GEMM.
+    # GEMMs and convolutions: the vendor library (through ATen) with custom epilogue kernels, or the
+    # synthesizer's own kernels (tiled GEMM, direct convolution).
     "gemm": ("library", "custom"),
     # The bias of nn.Linear: inside the library call (addmm) or in the epilogue kernel.
     "gemm_bias": ("library", "epilogue"),
@@ -76,6 +77,31 @@ def _finding_rules(verdict: verify_pb2.Verdict) -> set[str]:
     return {f.rule for f in verdict.findings if f.severity >= verify_pb2.SEVERITY_WARNING}
 
 
+# Which program features make a knob matter (a knob that changes nothing is never proposed).
+RELEVANT: dict[str, frozenset[str]] = {
+    "block": frozenset({"pointwise", "pool", "row"}),
+    "row_block": frozenset({"row"}),
+    "vec": frozenset({"pointwise", "row"}),
+    "acc": frozenset({"row", "library"}),
+    "split": frozenset({"row"}),
+    "gemm": frozenset({"gemm", "conv"}),
+    "gemm_bias": frozenset({"gemm"}),
+    "conv_bias": frozenset({"conv"}),
+}
+
+
+def _relevant(variant: Variant, previous: Variant, features: frozenset[str] | None) -> bool:
+    if features is None:
+        return True
+    changed = [k for k, v in variant.as_map().items() if previous.as_map()[k] != v]
+    return all(k not in RELEVANT or RELEVANT[k] & features for k in changed)
+
+
+def features_of(values: dict[str, str] | Any) -> frozenset[str] | None:
+    raw = dict(values).get("features")
+    return frozenset(x for x in str(raw).split(",") if x) if raw is not None else None
+
+
 def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> list[tuple[Variant, str]]:
     """Variants to try next, most promising first, each with the reason it was chosen."""
     out: list[tuple[Variant, str]] = []
@@ -96,10 +122,12 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
         if previous.vec != "1":
             out.append((previous.with_(vec="1"), "mismatch: scalar accesses"))
         return out
-    if "custom" in text and ("share" in text or "d6" in text):
+    library_flagged = any(r.startswith(("D11.torch-op", "D11.library-call")) for r in rules)
+    if library_flagged or ("custom" in text and ("share" in text or "d6" in text)):
         # The library call dominates device time and the policy wants custom kernels doing the work.
         if previous.gemm != "custom":
-            out.append((previous.with_(gemm="custom"), "custom-kernel share too low: own tiled GEMM"))
+            why = "library calls rejected" if library_flagged else "custom-kernel share too low"
+            out.append((previous.with_(gemm="custom"), f"{why}: own GEMM/convolution kernels"))
         if previous.gemm_bias != "epilogue":
             out.append((previous.with_(gemm_bias="epilogue"), "custom-kernel share too low: bias in epilogue"))
         if previous.conv_bias != "epilogue":
@@ -140,9 +168,12 @@ def next_variants(
 ) -> list[tuple[Variant, str]]:
     """Up to `count` untried variants for the next optimize round."""
     previous = Variant.from_map(previous_map)
+    features = features_of(previous_map)
     tried = set(tried_signatures(previous_map)) | {previous.signature()}
     picked: list[tuple[Variant, str]] = []
     for variant, why in proposals(previous, verdict, cuda=cuda):
+        if not _relevant(variant, previous, features):
+            continue
         sig = variant.signature()
         if sig in tried or any(sig == v.signature() for v, _ in picked):
             continue

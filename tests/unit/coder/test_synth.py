@@ -22,7 +22,8 @@ SUITE = sorted(p.stem for p in PROBLEMS.glob("[0-9]*.py"))
 
 @pytest.fixture(scope="module")
 def synth() -> Synthesizer:
-    return Synthesizer()
+    # The suite's references are trusted: trace them in this process (the service uses a subprocess).
+    return Synthesizer(in_process=True)
 
 
 def source(name: str) -> str:
@@ -177,6 +178,16 @@ def test_module_constants_in_the_constructor_are_inlined(synth: Synthesizer) -> 
     assert "nn.Linear(64, 64 * 2)" in model_new and "HIDDEN" not in model_new
 
 
+def test_subprocess_tracing_reports_a_broken_reference() -> None:
+    from stitchcuda.coder.synth.trace import TraceError
+
+    ref = "import torch\nclass Model(torch.nn.Module):\n    def __init__(self):\n        raise ValueError('boom')\n"
+    ref += "    def forward(self, x):\n        return x\n"
+    ref += "def get_inputs():\n    return []\ndef get_init_inputs():\n    return []\n"
+    with pytest.raises(TraceError, match=r"line 4.*ValueError: boom"):
+        Synthesizer().trace(ref)
+
+
 def test_unsupported_construct_is_reported(synth: Synthesizer) -> None:
     from stitchcuda.coder.synth.ir import Unsupported
 
@@ -237,3 +248,29 @@ def _build_and_compare(synth: Synthesizer, name: str) -> None:
 @pytest.mark.parametrize("name", ["01_elementwise_chain", "04_softmax"])
 def test_compiled_cpu_program_matches_the_reference(synth: Synthesizer, name: str) -> None:
     _build_and_compare(synth, name)
+
+
+LIBRARY_PROBLEMS = ["06_gemm_bias_relu", "07_conv_relu", "08_mlp", "09_cnn_block", "12_attention", "13_residual_block",
+                    "14_lstm", "15_transformer_block"]  # fmt: skip
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("name", LIBRARY_PROBLEMS)
+def test_custom_variant_replaces_every_library_call(synth: Synthesizer, name: str, device: str) -> None:
+    import re
+
+    library = re.compile(r"\bat::(mm|addmm|bmm|baddbmm|matmul|conv[123]d|einsum|scaled_dot_product_attention)\s*\(")
+    default = to_candidate(synth.synthesize(source(name), None, variant=Variant(), device=device))
+    custom = to_candidate(synth.synthesize(source(name), None, variant=Variant(gemm="custom"), device=device))
+    default_src = next(f.content for f in default.files if f.path.startswith("forward"))
+    custom_src = next(f.content for f in custom.files if f.path.startswith("forward"))
+    assert library.search(default_src)
+    assert not library.search(custom_src), library.findall(custom_src)
+    assert "stitch_gemm_launch" in custom_src or "stitch_conv2d_launch" in custom_src
+    assert default.build.extension_name != custom.build.extension_name
+
+
+def test_programs_without_gemms_contain_no_library_code(synth: Synthesizer) -> None:
+    cand = to_candidate(synth.synthesize(source("04_softmax"), None, variant=Variant(), device="cuda"))
+    text = "\n".join(f.content for f in cand.files)
+    assert "at::mm" not in text and "addmm" not in text and "infer_size" not in text

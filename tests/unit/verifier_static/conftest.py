@@ -10,7 +10,7 @@ import pytest
 from stitchcuda.api.v1 import code_pb2, verify_pb2
 from stitchcuda.verifier.static import scan
 
-REF_GEMM = '''
+REF_GEMM = """
 import torch
 import torch.nn as nn
 
@@ -32,7 +32,7 @@ def get_inputs():
 
 def get_init_inputs():
     return [K, N]
-'''
+"""
 
 HEADER = """
 import torch

@@ -44,7 +44,9 @@ def test_expect_files_are_well_formed():
         assert set(e) >= {"reference", "expected", "row", "why", "device", "caught_by"}, folder
         assert e["expected"] in ("accept", "reject"), folder
         assert e["device"] in ("cpu", "cuda"), folder
-        assert e["caught_by"] in (("none",) if e["expected"] == "accept" else ("static", "runtime", "both")), folder
+        assert e["caught_by"] in (
+            ("none",) if e["expected"] == "accept" else ("static", "runtime", "both")
+        ), folder
         assert (CORPUS.parents[1] / e["reference"]).is_file(), folder
         assert (e["device"] == "cuda") == ("cuda" in folder.relative_to(CORPUS).parts), folder
 

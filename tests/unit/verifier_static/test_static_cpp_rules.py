@@ -52,29 +52,33 @@ def test_honest_cpu_source_is_clean(run_scan):
         ("at::Tensor f(at::Tensor a, at::Tensor b) { return at::matmul(a, b); }", "D11.torch-op"),
         ("at::Tensor f(at::Tensor a) { return torch::nn::functional::relu(a); }", "D11.torch-op"),
         ("at::Tensor f(at::Tensor a) { return a.sum(-1); }", "D11.torch-op"),
-        ("void f(float* a, float* b, float* c) { cublasSgemm(0, 0, 0, 1, 1, 1, 0, a, 1, b, 1, 0, c, 1); }",
-         "D11.library-call"),
+        (
+            "void f(float* a, float* b, float* c) { cublasSgemm(0, 0, 0, 1, 1, 1, 0, a, 1, b, 1, 0, c, 1); }",
+            "D11.library-call",
+        ),
         ("void f() { std::thread t([] {}); t.detach(); }", "D11.thread"),
         ("#include <future>\nvoid f() { auto r = std::async([] { return 1; }); }", "D11.thread"),
-        ("void f() { system(\"nvidia-smi\"); }", "D11.process"),
-        ("void f() { FILE* fp = std::fopen(\"/tmp/x\", \"r\"); }", "D11.io"),
-        ("void f() { std::ifstream in(\"/tmp/x\"); }", "D11.io"),
+        ('void f() { system("nvidia-smi"); }', "D11.process"),
+        ('void f() { FILE* fp = std::fopen("/tmp/x", "r"); }', "D11.io"),
+        ('void f() { std::ifstream in("/tmp/x"); }', "D11.io"),
         ("void f() { int s = socket(2, 1, 0); }", "D11.network"),
         ("void f() { std::exit(0); }", "D11.exit"),
-        ("void f() { const char* s = getenv(\"SEED\"); }", "D11.environ"),
+        ('void f() { const char* s = getenv("SEED"); }', "D11.environ"),
         ("void f() { at::globalContext().setAllowTF32CuBLAS(true); }", "D11.global-state"),
         ("void f() { at::set_num_threads(1); }", "D11.global-state"),
-        ("void f() { auto m = py::module_::import(\"torch\"); }", "D11.dynamic-code"),
+        ('void f() { auto m = py::module_::import("torch"); }', "D11.dynamic-code"),
         ("at::Tensor f(at::Tensor x) { static at::Tensor cache; return cache; }", "D11.output-cache"),
         ("at::Tensor f(at::Tensor x) { static const void* last = nullptr; return x; }", "D11.output-cache"),
-        ("std::unordered_map<int64_t, at::Tensor> g_cache;\nat::Tensor f(at::Tensor x) { return x; }",
-         "D11.output-cache"),
+        (
+            "std::unordered_map<int64_t, at::Tensor> g_cache;\nat::Tensor f(at::Tensor x) { return x; }",
+            "D11.output-cache",
+        ),
         ("namespace { at::Tensor g_last; }\nat::Tensor f(at::Tensor x) { return x; }", "D11.output-cache"),
         ("bool f(at::Tensor x, const void* p) { return x.data_ptr() == p; }", "D11.identity-key"),
         ("void f() { torch::manual_seed(42); }", "D11.seed"),
         ("float f(float v) { return __half2float(__float2half(v)); }", "D11.precision"),
         ("at::Tensor f(at::Tensor x) { return x.to(at::kHalf); }", "D11.precision"),
-        ("void f(float* p) { asm volatile(\"cvt.rna.tf32.f32 %0, %0;\" : \"+f\"(*p)); }", "D11.precision"),
+        ('void f(float* p) { asm volatile("cvt.rna.tf32.f32 %0, %0;" : "+f"(*p)); }', "D11.precision"),
     ],
 )
 def test_cpp_hard_rules(run_scan, snippet, rule):
@@ -85,10 +89,13 @@ def test_cpp_hard_rules(run_scan, snippet, rule):
 @pytest.mark.parametrize(
     "snippet, rule",
     [
-        ("void f() { printf(\"x\\n\"); }", "D11.print"),
+        ('void f() { printf("x\\n"); }', "D11.print"),
         ("void f() { auto t0 = std::chrono::steady_clock::now(); }", "D11.timing"),
         ("float f() { return std::numeric_limits<float>::quiet_NaN(); }", "D11.nan-literal"),
-        ("void g(float* a) { a[0] = 0.0f; }\nvoid f(float* a) {\n  // g(a);  // disabled for speed\n}", "D11.commented-launch"),
+        (
+            "void g(float* a) { a[0] = 0.0f; }\nvoid f(float* a) {\n  // g(a);  // disabled for speed\n}",
+            "D11.commented-launch",
+        ),
     ],
 )
 def test_cpp_soft_rules(run_scan, snippet, rule):
@@ -109,17 +116,32 @@ __global__ void helper_kernel(float* y) { y[0] = 1.0f; }
 def test_kernels_defined_but_never_launched(run_scan):
     none = run_scan(PY, {"k.cu": KERNELS + "void run(float* y, int n) {}\n"})
     assert "D11.no-kernel-launch" in none.rejects, none
-    one = run_scan(PY, {"k.cu": KERNELS + "void run(float* y, int n) {\n  main_kernel<<<1, 256>>>(y, n);\n"
-                                          "  C10_CUDA_KERNEL_LAUNCH_CHECK();\n}\n"})
+    one = run_scan(
+        PY,
+        {
+            "k.cu": KERNELS + "void run(float* y, int n) {\n  main_kernel<<<1, 256>>>(y, n);\n"
+            "  C10_CUDA_KERNEL_LAUNCH_CHECK();\n}\n"
+        },
+    )
     assert "D11.no-kernel-launch" not in one.rules() and "D11.unlaunched-kernel" in one.warnings, one
-    commented = run_scan(PY, {"k.cu": KERNELS + "void run(float* y, int n) {\n  // main_kernel<<<1, 256>>>(y, n);\n"
-                                                "  helper_kernel<<<1, 1>>>(y);\n  cudaGetLastError();\n}\n"})
+    commented = run_scan(
+        PY,
+        {
+            "k.cu": KERNELS + "void run(float* y, int n) {\n  // main_kernel<<<1, 256>>>(y, n);\n"
+            "  helper_kernel<<<1, 1>>>(y);\n  cudaGetLastError();\n}\n"
+        },
+    )
     assert {"D11.commented-launch", "D11.unlaunched-kernel"} <= commented.warnings, commented
 
 
 def test_unchecked_launch_is_info(run_scan):
-    s = run_scan(PY, {"k.cu": KERNELS + "void run(float* y, int n) {\n  main_kernel<<<1, 256>>>(y, n);\n"
-                                        "  helper_kernel<<<1, 1>>>(y);\n}\n"})
+    s = run_scan(
+        PY,
+        {
+            "k.cu": KERNELS + "void run(float* y, int n) {\n  main_kernel<<<1, 256>>>(y, n);\n"
+            "  helper_kernel<<<1, 1>>>(y);\n}\n"
+        },
+    )
     assert "D11.unchecked-launch" in s.rules(1), s
 
 
@@ -156,7 +178,9 @@ def test_cpp_streams_unjoined_and_joined(run_scan):
     __global__ void k(float* y) { y[0] = 0.0f; }
     """
     assert "D11.stream-unjoined" in run_scan(PY, {"k.cu": src}).rejects
-    joined = src.replace("k<<<1, 1, 0, s.stream()>>>(y);", "k<<<1, 1, 0, s.stream()>>>(y);\n  cudaStreamSynchronize(s);")
+    joined = src.replace(
+        "k<<<1, 1, 0, s.stream()>>>(y);", "k<<<1, 1, 0, s.stream()>>>(y);\n  cudaStreamSynchronize(s);"
+    )
     s = run_scan(PY, {"k.cu": joined})
     assert "D11.stream-unjoined" not in s.rules() and "D11.stream" in s.warnings, s
     created = "void run() { cudaStream_t s; cudaStreamCreate(&s); }"

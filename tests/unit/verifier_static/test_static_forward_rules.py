@@ -79,7 +79,9 @@ def test_torch_ops_off_the_forward_path_are_not_flagged(run_scan):
 
 
 def test_compute_on_parameters_only_is_info(run_scan):
-    s = run_scan(module("w = torch.tanh(self.w)\nreturn ext.gemm(x, w)", "self.w = nn.Parameter(torch.ones(4))"))
+    s = run_scan(
+        module("w = torch.tanh(self.w)\nreturn ext.gemm(x, w)", "self.w = nn.Parameter(torch.ones(4))")
+    )
     assert "D11.torch-op" not in s.rules() and "D11.param-op" in s.rules(1), s
 
 
@@ -97,9 +99,13 @@ def test_metadata_arithmetic_is_allowed(run_scan):
 def test_try_except_fallback_is_rejected_and_a_reraise_only_warns(run_scan):
     fallback = module("try:\n    return ext.op(x)\nexcept RuntimeError:\n    return torch.relu(x)")
     assert {"D11.fallback", "D11.torch-op"} <= run_scan(fallback).rejects
-    swallow = module("out = torch.empty_like(x)\ntry:\n    ext.op(x, out)\nexcept Exception:\n    pass\nreturn out")
+    swallow = module(
+        "out = torch.empty_like(x)\ntry:\n    ext.op(x, out)\nexcept Exception:\n    pass\nreturn out"
+    )
     assert "D11.fallback" in run_scan(swallow).rejects
-    reraise = run_scan(module("try:\n    return ext.op(x)\nexcept RuntimeError as e:\n    raise ValueError('bad') from e"))
+    reraise = run_scan(
+        module("try:\n    return ext.op(x)\nexcept RuntimeError as e:\n    raise ValueError('bad') from e")
+    )
     assert reraise.rejects == set() and "D11.try-except" in reraise.warnings, reraise
 
 
@@ -138,7 +144,9 @@ def test_identity_keys_are_rejected_but_parameter_versions_are_not(run_scan):
         self.wt_version = self.w._version
     return ext.gemm(x, self.wt)
     """
-    s = run_scan(module(honest, "self.w = nn.Parameter(torch.ones(4, 4))\nself.wt = None\nself.wt_version = -1"))
+    s = run_scan(
+        module(honest, "self.w = nn.Parameter(torch.ones(4, 4))\nself.wt = None\nself.wt_version = -1")
+    )
     assert s.rejects == set(), s
 
 
@@ -158,7 +166,10 @@ def test_output_caches_and_stored_outputs(run_scan):
     """
     assert "D11.output-cache" in run_scan(module("return _run(x)", extra=memo)).rejects
     scratch = run_scan(
-        module("if self.buf is None:\n    self.buf = torch.empty(1024)\nreturn ext.op(x, self.buf)", "self.buf = None")
+        module(
+            "if self.buf is None:\n    self.buf = torch.empty(1024)\nreturn ext.op(x, self.buf)",
+            "self.buf = None",
+        )
     )
     assert scratch.rejects == set(), scratch
 

@@ -53,7 +53,10 @@ OK = "return ext.op(x)"
         ("import multiprocessing", "D11.thread"),
         ("class Lazy(torch.Tensor):\n    pass", "D11.tensor-subclass"),
         ("class P(nn.Parameter):\n    pass", "D11.tensor-subclass"),
-        ("def __torch_function__(cls, func, types, args=(), kwargs=None):\n    return func(*args)", "D11.tensor-subclass"),
+        (
+            "def __torch_function__(cls, func, types, args=(), kwargs=None):\n    return func(*args)",
+            "D11.tensor-subclass",
+        ),
         ("make = torch.Tensor._make_wrapper_subclass", "D11.tensor-subclass"),
         ("from torch.utils._python_dispatch import TorchDispatchMode", "D11.tensor-subclass"),
         ("lib = torch.library.Library('aten', 'IMPL')", "D11.monkeypatch"),
@@ -147,7 +150,10 @@ def test_stale_graph_needs_the_pointer_check(run_scan):
 
 
 def test_modelnew_bases(run_scan):
-    assert "D11.modelnew-base" in run_scan("class ModelNew(object):\n    def forward(self, x):\n        return ext.op(x)\n").rejects
+    assert (
+        "D11.modelnew-base"
+        in run_scan("class ModelNew(object):\n    def forward(self, x):\n        return ext.op(x)\n").rejects
+    )
     local = """
     class Base(nn.Module):
         pass
@@ -169,7 +175,9 @@ def test_structure_errors(run_scan):
 
 
 def test_reference_copy(run_scan):
-    s = run_scan(module("return torch.relu(self.linear(x))", "self.linear = nn.Linear(in_features, out_features)"))
+    s = run_scan(
+        module("return torch.relu(self.linear(x))", "self.linear = nn.Linear(in_features, out_features)")
+    )
     assert "D11.ref-copy" in s.rejects, s
 
 
@@ -178,7 +186,9 @@ def test_precision_casts_reject_unless_the_problem_is_reduced_precision(run_scan
                  "with torch.autocast('cuda'):\n    return ext.op(x)",
                  "out = torch.empty(4, dtype=torch.float16)\next.op(x, out)\nreturn out"):  # fmt: skip
         assert "D11.precision" in run_scan(module(body)).rejects, body
-    check = run_scan(module("if x.dtype == torch.float16:\n    raise TypeError('fp32 only')\nreturn ext.op(x)"))
+    check = run_scan(
+        module("if x.dtype == torch.float16:\n    raise TypeError('fp32 only')\nreturn ext.op(x)")
+    )
     assert "D11.precision" not in check.rules(), check
     ref16 = "import torch\nx = torch.randn(4, dtype=torch.float16)\n"
     assert "D11.precision" not in run_scan(module("return ext.op(x.half())"), reference=ref16).rules()

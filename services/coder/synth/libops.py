@@ -1,0 +1,333 @@
+"""GEMMs and convolutions of a synthesized program: library calls through ATen (cuBLAS/cuDNN, MKL/oneDNN)
+or the synthesizer's own kernels (variant gemm=custom), as host helper functions emitted on demand.
+
+Only the helpers a program uses are written into its source, so a program without GEMMs contains no
+library call at all. The custom kernels take arbitrary strides (a transposed weight is read in place),
+accumulate in float on CUDA (double on CPU) and add the bias in their store.
+"""
+
+from __future__ import annotations
+
+# ---- library calls (ATen dispatches to the vendor library) ----------------------------------------------
+LIBRARY_HELPERS = {
+    "linear": r"""
+// nn.Linear through the library: bias folded into the GEMM (addmm) when present.
+at::Tensor stitch_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = w.size(0);
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  const at::Tensor y = b.has_value() ? at::addmm(*b, x2, w.t()) : at::mm(x2, w.t());
+  return y.view(sizes);
+}
+""",
+}
+
+# ---- custom GEMM / conv: shared host wrappers --------------------------------------------------------------
+CUSTOM_WRAPPERS = r"""
+// C[b] = A[b] @ B[b] (+ bias) for strided [batch, M, K] and [batch, K, N] views; C is contiguous.
+at::Tensor stitch_bgemm(const at::Tensor& A, const at::Tensor& B, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(A.dim() == 3 && B.dim() == 3 && A.size(0) == B.size(0) && A.size(2) == B.size(1), "gemm shapes");
+  const int64_t batch = A.size(0), M = A.size(1), K = A.size(2), N = B.size(2);
+  at::Tensor C = at::empty({batch, M, N}, A.options());
+  const float* bptr = nullptr;
+  at::Tensor bias_c;
+  if (bias.has_value()) {
+    bias_c = bias->contiguous();
+    TORCH_CHECK(bias_c.numel() == N, "gemm bias must have N elements");
+    bptr = bias_c.data_ptr<float>();
+  }
+  stitch_gemm_launch(A.data_ptr<float>(), B.data_ptr<float>(), bptr, C.data_ptr<float>(), batch, M, N, K,
+                     A.stride(0), A.stride(1), A.stride(2), B.stride(0), B.stride(1), B.stride(2));
+  return C;
+}
+
+at::Tensor stitch_mm(const at::Tensor& a, const at::Tensor& b) {
+  return stitch_bgemm(a.unsqueeze(0), b.unsqueeze(0), c10::nullopt).squeeze(0);
+}
+
+at::Tensor stitch_addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
+  return stitch_bgemm(a.unsqueeze(0), b.unsqueeze(0), c10::optional<at::Tensor>(bias)).squeeze(0);
+}
+
+at::Tensor stitch_bmm(const at::Tensor& a, const at::Tensor& b) { return stitch_bgemm(a, b, c10::nullopt); }
+
+// torch.matmul semantics: 1-D operands, broadcast batch dims.
+at::Tensor stitch_matmul(const at::Tensor& a0, const at::Tensor& b0) {
+  const at::Tensor a = a0.dim() == 1 ? a0.unsqueeze(0) : a0;
+  const at::Tensor b = b0.dim() == 1 ? b0.unsqueeze(1) : b0;
+  std::vector<int64_t> ab(a.sizes().begin(), a.sizes().end() - 2), bb(b.sizes().begin(), b.sizes().end() - 2);
+  const std::vector<int64_t> batch = stitch::broadcast({at::IntArrayRef(ab), at::IntArrayRef(bb)});
+  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  std::vector<int64_t> ea(batch), eb(batch);
+  ea.push_back(M); ea.push_back(K);
+  eb.push_back(K); eb.push_back(N);
+  const at::Tensor A = a.expand(ea).reshape({-1, M, K});
+  const at::Tensor B = b.expand(eb).reshape({-1, K, N});
+  at::Tensor C = stitch_bgemm(A, B, c10::nullopt);
+  std::vector<int64_t> out(batch);
+  if (a0.dim() > 1) out.push_back(M);
+  if (b0.dim() > 1) out.push_back(N);
+  return C.view(out);
+}
+
+at::Tensor stitch_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = w.size(0);
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  return stitch_bgemm(x2.unsqueeze(0), w.t().unsqueeze(0), b).view(sizes);
+}
+
+// 2-D convolution (zero padding) with the synthesizer's direct-convolution kernel.
+at::Tensor stitch_conv2d(const at::Tensor& x0, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                         std::vector<int64_t> stride, std::vector<int64_t> pad, std::vector<int64_t> dil,
+                         int64_t groups) {
+  const bool batched = x0.dim() == 4;
+  const at::Tensor x = (batched ? x0 : x0.unsqueeze(0)).contiguous();
+  const at::Tensor wc = w.contiguous();
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  const int64_t CO = wc.size(0), KH = wc.size(2), KW = wc.size(3);
+  TORCH_CHECK(C == wc.size(1) * groups, "conv2d channels");
+  const int64_t OH = (H + 2 * pad[0] - dil[0] * (KH - 1) - 1) / stride[0] + 1;
+  const int64_t OW = (W + 2 * pad[1] - dil[1] * (KW - 1) - 1) / stride[1] + 1;
+  at::Tensor y = at::empty({N, CO, OH, OW}, x.options());
+  at::Tensor bias_c;
+  const float* bptr = nullptr;
+  if (bias.has_value()) {
+    bias_c = bias->contiguous();
+    bptr = bias_c.data_ptr<float>();
+  }
+  stitch_conv2d_launch(x.data_ptr<float>(), wc.data_ptr<float>(), bptr, y.data_ptr<float>(), N, C, H, W, CO, KH,
+                       KW, OH, OW, stride[0], stride[1], pad[0], pad[1], dil[0], dil[1], groups);
+  return batched ? y : y.squeeze(0);
+}
+
+at::Tensor stitch_conv1d(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                         std::vector<int64_t> stride, std::vector<int64_t> pad, std::vector<int64_t> dil,
+                         int64_t groups) {
+  const at::Tensor y = stitch_conv2d(x.unsqueeze(-2), w.unsqueeze(-2), bias, {1, stride[0]}, {0, pad[0]},
+                                     {1, dil[0]}, groups);
+  return y.squeeze(-2);
+}
+"""
+
+CPU_KERNELS = r"""
+// Custom GEMM (CPU): one task per output row; rows of B contiguous -> axpy form, else dot products.
+static void stitch_gemm_launch(const float* A, const float* B, const float* bias, float* C, int64_t batch, int64_t M,
+                               int64_t N, int64_t K, int64_t sAb, int64_t sAm, int64_t sAk, int64_t sBb,
+                               int64_t sBk, int64_t sBn) {
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(N * K, 1));
+  at::parallel_for(0, batch * M, grain, [&](int64_t r0, int64_t r1) {
+    std::vector<double> acc(static_cast<size_t>(N));
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = r / M, i = r - (r / M) * M;
+      const float* a = A + b * sAb + i * sAm;
+      const float* bb = B + b * sBb;
+      float* c = C + r * N;
+      if (sBn == 1) {
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t k = 0; k < K; ++k) {
+          const double av = a[k * sAk];
+          const float* brow = bb + k * sBk;
+          for (int64_t n = 0; n < N; ++n) acc[n] += av * static_cast<double>(brow[n]);
+        }
+        for (int64_t n = 0; n < N; ++n) c[n] = static_cast<float>(acc[n] + (bias ? bias[n] : 0.0));
+      } else {
+        for (int64_t n = 0; n < N; ++n) {
+          const float* bcol = bb + n * sBn;
+          double s = 0.0;
+          for (int64_t k = 0; k < K; ++k) s += static_cast<double>(a[k * sAk]) * static_cast<double>(bcol[k * sBk]);
+          c[n] = static_cast<float>(s + (bias ? bias[n] : 0.0));
+        }
+      }
+    }
+  });
+}
+
+// Direct convolution (CPU): one task per (image, output channel) plane.
+static void stitch_conv2d_launch(const float* x, const float* w, const float* bias, float* y, int64_t N, int64_t C,
+                                 int64_t H, int64_t W, int64_t CO, int64_t KH, int64_t KW, int64_t OH, int64_t OW,
+                                 int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
+                                 int64_t groups) {
+  const int64_t cg = C / groups, cog = CO / groups;
+  at::parallel_for(0, N * CO, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n = p / CO, co = p - (p / CO) * CO, g = co / cog;
+      float* out = y + p * OH * OW;
+      for (int64_t oh = 0; oh < OH; ++oh) {
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          double s = bias ? bias[co] : 0.0;
+          for (int64_t ci = 0; ci < cg; ++ci) {
+            const float* xin = x + ((n * C) + g * cg + ci) * H * W;
+            const float* wk = w + ((co * cg) + ci) * KH * KW;
+            for (int64_t kh = 0; kh < KH; ++kh) {
+              const int64_t ih = oh * sh - ph + kh * dh;
+              if (ih < 0 || ih >= H) continue;
+              for (int64_t kw = 0; kw < KW; ++kw) {
+                const int64_t iw = ow * sw - pw + kw * dw;
+                if (iw < 0 || iw >= W) continue;
+                s += static_cast<double>(xin[ih * W + iw]) * static_cast<double>(wk[kh * KW + kw]);
+              }
+            }
+          }
+          out[oh * OW + ow] = static_cast<float>(s);
+        }
+      }
+    }
+  });
+}
+"""
+
+CUDA_KERNELS = r"""
+// Custom SGEMM (CUDA): 64x64 block tiles over K in steps of 16, shared-memory staging that follows the
+// operands' contiguous dimension, a 4x4 register tile per thread, the bias added in the store.
+constexpr int GBM = 64, GBN = 64, GBK = 16;
+__global__ void __launch_bounds__(256) stitch_gemm_kernel(
+    const float* __restrict__ A, const float* __restrict__ B, const float* __restrict__ bias, float* __restrict__ C,
+    int64_t M, int64_t N, int64_t K, int64_t sAb, int64_t sAm, int64_t sAk, int64_t sBb, int64_t sBk, int64_t sBn) {
+  __shared__ __align__(16) float As[GBK][GBM + 4];
+  __shared__ __align__(16) float Bs[GBK][GBN + 4];
+  const int tid = threadIdx.x;
+  const int tx = tid % 16, ty = tid / 16;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * GBM, n0 = static_cast<int64_t>(blockIdx.x) * GBN;
+  const float* Ab = A + static_cast<int64_t>(blockIdx.z) * sAb;
+  const float* Bb = B + static_cast<int64_t>(blockIdx.z) * sBb;
+  const bool a_k_contig = sAk == 1, b_n_contig = sBn == 1;
+  float acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < K; k0 += GBK) {
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+      const int idx = tid + l * 256;
+      const int kk = a_k_contig ? idx % GBK : idx / GBM;
+      const int mm = a_k_contig ? idx / GBK : idx % GBM;
+      const int64_t gm = m0 + mm, gk = k0 + kk;
+      As[kk][mm] = (gm < M && gk < K) ? Ab[gm * sAm + gk * sAk] : 0.f;
+      const int bk = b_n_contig ? idx / GBN : idx % GBK;
+      const int bn = b_n_contig ? idx % GBN : idx / GBK;
+      const int64_t gn = n0 + bn, gk2 = k0 + bk;
+      Bs[bk][bn] = (gn < N && gk2 < K) ? Bb[gk2 * sBk + gn * sBn] : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < GBK; ++kk) {
+      const float4 a = *reinterpret_cast<const float4*>(&As[kk][ty * 4]);
+      const float4 b = *reinterpret_cast<const float4*>(&Bs[kk][tx * 4]);
+      const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+  float* Cb = C + static_cast<int64_t>(blockIdx.z) * M * N;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t gm = m0 + ty * 4 + i;
+    if (gm >= M) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t gn = n0 + tx * 4 + j;
+      if (gn < N) Cb[gm * N + gn] = acc[i][j] + (bias != nullptr ? bias[gn] : 0.f);
+    }
+  }
+}
+
+static void stitch_gemm_launch(const float* A, const float* B, const float* bias, float* C, int64_t batch, int64_t M,
+                               int64_t N, int64_t K, int64_t sAb, int64_t sAm, int64_t sAk, int64_t sBb,
+                               int64_t sBk, int64_t sBn) {
+  if (batch == 0 || M == 0 || N == 0) return;
+  TORCH_CHECK(batch <= 65535, "custom gemm: batch too large");
+  const dim3 grid(static_cast<unsigned>((N + GBN - 1) / GBN), static_cast<unsigned>((M + GBM - 1) / GBM),
+                  static_cast<unsigned>(batch));
+  stitch_gemm_kernel<<<grid, 256, 0, at::cuda::getCurrentCUDAStream()>>>(A, B, bias, C, M, N, K, sAb, sAm, sAk,
+                                                                           sBb, sBk, sBn);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Direct convolution (CUDA): one thread per output element.
+__global__ void __launch_bounds__(256) stitch_conv2d_kernel(
+    const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y,
+    int64_t N, int64_t C, int64_t H, int64_t W, int64_t CO, int64_t KH, int64_t KW, int64_t OH, int64_t OW,
+    int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t groups) {
+  const int64_t total = N * CO * OH * OW;
+  const int64_t cg = C / groups, cog = CO / groups;
+  for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;
+       o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t ow = o % OW, oh = (o / OW) % OH, co = (o / (OW * OH)) % CO, n = o / (OW * OH * CO);
+    const int64_t g = co / cog;
+    float s = bias != nullptr ? bias[co] : 0.f;
+    for (int64_t ci = 0; ci < cg; ++ci) {
+      const float* xin = x + ((n * C) + g * cg + ci) * H * W;
+      const float* wk = w + ((co * cg) + ci) * KH * KW;
+      for (int64_t kh = 0; kh < KH; ++kh) {
+        const int64_t ih = oh * sh - ph + kh * dh;
+        if (ih < 0 || ih >= H) continue;
+        for (int64_t kw = 0; kw < KW; ++kw) {
+          const int64_t iw = ow * sw - pw + kw * dw;
+          if (iw >= 0 && iw < W) s = fmaf(xin[ih * W + iw], wk[kh * KW + kw], s);
+        }
+      }
+    }
+    y[o] = s;
+  }
+}
+
+static void stitch_conv2d_launch(const float* x, const float* w, const float* bias, float* y, int64_t N, int64_t C,
+                                 int64_t H, int64_t W, int64_t CO, int64_t KH, int64_t KW, int64_t OH, int64_t OW,
+                                 int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
+                                 int64_t groups) {
+  const int64_t total = N * CO * OH * OW;
+  if (total == 0) return;
+  const int64_t blocks = std::min<int64_t>((total + 255) / 256, static_cast<int64_t>(sm_count()) * 8);
+  stitch_conv2d_kernel<<<blocks, 256, 0, at::cuda::getCurrentCUDAStream()>>>(x, w, bias, y, N, C, H, W, CO, KH, KW,
+                                                                             OH, OW, sh, sw, ph, pw, dh, dw, groups);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+"""
+
+CAUSAL_CPU = r"""
+// Causal mask of attention scores [..., L, S], in place: -inf where key index > query index.
+static void stitch_causal_fill(at::Tensor& scores) {
+  const int64_t L = scores.size(-2), S = scores.size(-1), total = scores.numel();
+  float* p = scores.data_ptr<float>();
+  at::parallel_for(0, total / std::max<int64_t>(S, 1), 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t i = r % L;
+      for (int64_t j = i + 1; j < S; ++j) p[r * S + j] = -INFINITY;
+    }
+  });
+}
+"""
+
+CAUSAL_CUDA = r"""
+__global__ void __launch_bounds__(256) stitch_causal_kernel(float* __restrict__ p, int64_t L, int64_t S, int64_t total) {
+  for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;
+       o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = o % S, i = (o / S) % L;
+    if (j > i) p[o] = -INFINITY;
+  }
+}
+
+// Causal mask of attention scores [..., L, S], in place: -inf where key index > query index.
+static void stitch_causal_fill(at::Tensor& scores) {
+  const int64_t total = scores.numel();
+  if (total == 0) return;
+  const int64_t blocks = std::min<int64_t>((total + 255) / 256, static_cast<int64_t>(sm_count()) * 8);
+  stitch_causal_kernel<<<blocks, 256, 0, at::cuda::getCurrentCUDAStream()>>>(scores.data_ptr<float>(), scores.size(-2),
+                                                                            scores.size(-1), total);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+"""
+
+
+def helper_source(helpers: set[str], backend: str) -> str:
+    """The helper functions a program's host code calls, in dependency order."""
+    parts: list[str] = []
+    if "custom" in helpers:
+        parts.append(CUDA_KERNELS if backend == "cuda" else CPU_KERNELS)
+        parts.append(CUSTOM_WRAPPERS)
+    elif "linear" in helpers:
+        parts.append(LIBRARY_HELPERS["linear"])
+    if "causal" in helpers:
+        parts.append(CAUSAL_CUDA if backend == "cuda" else CAUSAL_CPU)
+    return "\n".join(parts)
