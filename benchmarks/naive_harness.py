@@ -41,7 +41,8 @@ def _time(fn: Any, inputs: list[Any], device: str, runs: int) -> float:
             fn(*inputs)
         if device == "cuda":
             torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             times = []
             for _ in range(runs):
                 start.record()
@@ -49,7 +50,7 @@ def _time(fn: Any, inputs: list[Any], device: str, runs: int) -> float:
                 end.record()
                 torch.cuda.synchronize()
                 times.append(start.elapsed_time(end))
-            return sum(times) / len(times)
+            return float(sum(times) / len(times))
         t0 = time.perf_counter()
         for _ in range(runs):
             fn(*inputs)

@@ -11,6 +11,7 @@ benchmarks/results/platform_overhead.md).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import platform as host_platform
 import statistics
@@ -27,20 +28,22 @@ os.environ.setdefault("STITCH_TEST_REDIS_DB", "14")
 
 from stitchcuda.api.v1 import jobs_pb2  # noqa: E402
 from stitchcuda.gateway.client import GatewayClient  # noqa: E402
-from tests.integration.platform.harness import Platform, flush_redis, make_tenant, platform_env, start_seaweed  # noqa: E402
+from tests.integration.platform import harness  # noqa: E402
 
 SOURCE = (REPO / "benchmarks/problems/01_elementwise_chain.py").read_text()
 
 
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def spec(rounds: int) -> jobs_pb2.JobSpec:
     # stagnation high and improvement 0: the loop runs every round it is given.
     options = jobs_pb2.JobOptions(max_rounds=rounds, stagnation_rounds=1000, min_improvement=0.0)
-    return jobs_pb2.JobSpec(problem_name="p01", reference_source=SOURCE, device=jobs_pb2.DEVICE_CPU, options=options)
+    return jobs_pb2.JobSpec(
+        problem_name="p01", reference_source=SOURCE, device=jobs_pb2.DEVICE_CPU, options=options
+    )
 
 
 def run_job(client: GatewayClient, rounds: int) -> tuple[float, list[float], list[float]]:
@@ -58,7 +61,7 @@ def run_job(client: GatewayClient, rounds: int) -> tuple[float, list[float], lis
     final = client.get(job.job_id)
     if final.status.state != jobs_pb2.JOB_STATE_SUCCEEDED or len(verdict_times) != rounds + 1:
         raise RuntimeError(f"job {job.job_id}: {final.status.message} ({len(verdict_times)} verdicts)")
-    gaps = [b - a for a, b in zip(verdict_times, verdict_times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(verdict_times)]
     return total, gaps, latencies
 
 
@@ -123,14 +126,14 @@ def main() -> int:
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="stitch-bench-"))
-    weed = start_seaweed(work / "seaweedfs")
-    flush_redis().close()
-    platform = Platform(platform_env(weed, STITCH_LOG_LEVEL="WARNING"), work)
+    weed = harness.start_seaweed(work / "seaweedfs")
+    harness.flush_redis().close()
+    platform = harness.Platform(harness.platform_env(weed, STITCH_LOG_LEVEL="WARNING"), work)
     try:
         platform.start_gateway()
         for service in ("planner", "coder", "verifier"):
             platform.start_worker(service, "--loglevel", "INFO")
-        key = make_tenant("bench", max_concurrent_jobs=0)
+        key = harness.make_tenant("bench", max_concurrent_jobs=0)
         with GatewayClient(platform.grpc_target, key) as client:
             loop = loop_overhead(client, args.jobs, args.rounds)
         for service in ("planner", "coder", "verifier"):
@@ -153,21 +156,21 @@ def main() -> int:
         "|---|---|---|",
         f"| per-round orchestration overhead, marginal (job with {args.rounds} rounds vs 0, median of "
         f"{args.jobs}) | {loop['per_round_marginal_ms']:.1f} ms | <= 50 ms median |",
-        f"| per-round gap between verdict events, median / p90 | {loop['per_round_gap_median_ms']:.1f} / "
-        f"{loop['per_round_gap_p90_ms']:.1f} ms | <= 50 ms median |",
-        f"| whole job, 0 optimize rounds (submit -> final event at the client) | {1000 * loop['job_0_rounds_s']:.0f} ms"
-        " | |",
+        "| per-round gap between verdict events, median / p90 | "
+        f"{loop['per_round_gap_median_ms']:.1f} / {loop['per_round_gap_p90_ms']:.1f} ms | <= 50 ms median |",
+        "| whole job, 0 optimize rounds (submit -> final event at the client) | "
+        f"{1000 * loop['job_0_rounds_s']:.0f} ms | |",
         f"| event -> client latency (gRPC Watch), median / p99 over {int(loop['events'])} events | "
         f"{loop['event_latency_median_ms']:.1f} / {loop['event_latency_p99_ms']:.1f} ms | <= 100 ms |",
         f"| gateway submits/s ({int(submits['submits'])} submits, {int(submits['concurrency'])} in flight) | "
         f"{submits['submits_per_s']:.0f} /s | >= 500 /s |",
-        f"| submit latency p50 / p99 | {submits['latency_p50_ms']:.1f} / {submits['latency_p99_ms']:.1f} ms | "
-        "p99 <= 50 ms |",
+        "| submit latency p50 / p99 | "
+        f"{submits['latency_p50_ms']:.1f} / {submits['latency_p99_ms']:.1f} ms | p99 <= 50 ms |",
         "",
         "A round is one coder message, one verifier message and the loop decision after each, with their",
-        "Redis writes (job record, events, guard, lock, loop state) and S3 writes (candidate, verdict); a submit",
-        "is authentication, rate and concurrency checks, the reference upload, the job record, the first",
-        "events and the planner message.",
+        "Redis writes (job record, events, guard, lock, loop state) and S3 writes (candidate, verdict); a",
+        "submit is authentication, rate and concurrency checks, the reference upload, the job record,",
+        "the first events and the planner message.",
         "",
     ]
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -231,7 +231,8 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Analyse PROBLEM.py: graph, FLOPs/bytes, profile and the fusion plan."""
-    from stitchcuda.planner.service import PlannerService, plan_to_json, render_plan
+    from stitchcuda.planner.render import plan_to_json, render_plan
+    from stitchcuda.planner.service import PlannerService
     from stitchcuda.shared.errors import ProblemError
 
     prob = _load_problem(problem_path)

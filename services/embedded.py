@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from stitchcuda.verifier.service import VerifierService
 
 
-def _resolve(device: int) -> int:
+def _resolve(device: int) -> jobs_pb2.Device.ValueType:
     return devices.to_proto(devices.resolve(device or jobs_pb2.DEVICE_AUTO))
 
 

@@ -64,14 +64,14 @@ class Workflow:
         artifacts: ArtifactStore,
         transport: Transport,
         *,
-        resolve_device: Callable[[int], int] | None = None,
+        resolve_device: Callable[[int], jobs_pb2.Device.ValueType] | None = None,
         max_reference_bytes: int = 256 * 1024,
         verify_policy: verify_pb2.VerifyPolicy | None = None,
     ) -> None:
         self.jobs = jobs
         self.artifacts = artifacts
         self.transport = transport
-        self._resolve_device = resolve_device or (lambda d: d or jobs_pb2.DEVICE_CPU)
+        self._resolve_device = resolve_device or _default_device
         self._max_reference_bytes = max_reference_bytes
         self._verify_policy = verify_policy or verify_pb2.VerifyPolicy()
 
@@ -363,6 +363,10 @@ class Workflow:
             data=data or {},
         )
         return self.jobs.append_event(event)
+
+
+def _default_device(device: int) -> jobs_pb2.Device.ValueType:
+    return jobs_pb2.DEVICE_CUDA if device == jobs_pb2.DEVICE_CUDA else jobs_pb2.DEVICE_CPU
 
 
 def _with_defaults(spec: jobs_pb2.JobSpec) -> jobs_pb2.JobSpec:

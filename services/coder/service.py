@@ -26,7 +26,13 @@ log = logging.getLogger("stitchcuda.coder")
 BACKENDS = ("builtin", "llm")
 # Extra variants for samples beyond the first in a builtin generate round (most promising first).
 GENERATE_ALTERNATIVES: dict[str, list[dict[str, str]]] = {
-    "cuda": [{"block": "512"}, {"vec": "1"}, {"row_block": "1024"}, {"gemm_bias": "epilogue"}, {"fusion": "none"}],
+    "cuda": [
+        {"block": "512"},
+        {"vec": "1"},
+        {"row_block": "1024"},
+        {"gemm_bias": "epilogue"},
+        {"fusion": "none"},
+    ],
     "cpu": [{"grain": "131072"}, {"grain": "8192"}, {"gemm_bias": "epilogue"}, {"fusion": "none"}],
 }
 
@@ -141,11 +147,20 @@ class CoderService:
         target = target_device(plan)
         if backend == "llm":
             return self.llm_coder().optimize(
-                reference_source, plan, previous, verdict, target=target, samples=samples, job_id=job_id, round_=round_
+                reference_source,
+                plan,
+                previous,
+                verdict,
+                target=target,
+                samples=samples,
+                job_id=job_id,
+                round_=round_,
             )
         if previous.coder != "builtin" or previous.failure:
             # Nothing of ours to tune: start from the synthesizer's default program.
-            return self.generate(reference_source, plan, samples=samples, backend="builtin", job_id=job_id, round_=round_)
+            return self.generate(
+                reference_source, plan, samples=samples, backend="builtin", job_id=job_id, round_=round_
+            )
         tried = [*tried_signatures(previous.variant), Variant.from_map(previous.variant).signature()]
         picks = next_variants(previous.variant, verdict, cuda=target == "cuda", count=samples)
         if not picks:
@@ -160,7 +175,9 @@ class CoderService:
             return [cand]
         out = []
         for i, (variant, why) in enumerate(picks):
-            cand = self._synthesize(reference_source, plan, variant, why, target, job_id, round_, i, tried=tried)
+            cand = self._synthesize(
+                reference_source, plan, variant, why, target, job_id, round_, i, tried=tried
+            )
             cand.parent_id = previous.candidate_id
             out.append(cand)
         return out
@@ -182,7 +199,9 @@ class CoderService:
             synthesis = self.synthesizer.synthesize(reference_source, plan, variant=variant, device=target)
         except (Unsupported, TraceError, InvalidRequest) as exc:
             log.info("builtin synthesizer: %s", exc)
-            cand = failed(f"builtin synthesizer: {exc}", coder="builtin", job_id=job_id, round_=round_, index=index)
+            cand = failed(
+                f"builtin synthesizer: {exc}", coder="builtin", job_id=job_id, round_=round_, index=index
+            )
             cand.variant.update(variant.as_map())
             return cand
         except Exception as exc:  # a defect in the synthesizer must not take the loop down with it

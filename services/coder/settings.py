@@ -18,7 +18,9 @@ def _env(name: str, **kwargs: Any) -> Any:
 class CoderSettings(CommonSettings):
     """Common settings from STITCH_*, the Coder's own from STITCH_CODER_* (e.g. STITCH_CODER_BASE_URL)."""
 
-    model_config = SettingsConfigDict(env_prefix="STITCH_", env_file=None, extra="ignore", populate_by_name=True)
+    model_config = SettingsConfigDict(
+        env_prefix="STITCH_", env_file=None, extra="ignore", populate_by_name=True
+    )
 
     # ---- LLM backend (an OpenAI-compatible server: vLLM, or any hosted endpoint) ----
     base_url: str = _env("base_url", default="http://127.0.0.1:8000/v1")
@@ -39,7 +41,7 @@ class CoderSettings(CommonSettings):
     retries: int = _env("retries", default=3, ge=0, le=10)
     backoff_s: float = _env("backoff_s", default=1.0, ge=0)
     backoff_max_s: float = _env("backoff_max_s", default=30.0, ge=0)
-    # "auto": try response_format=json_schema, fall back to plain text on a 4xx; "json": always; "text": never.
+    # "auto": response_format=json_schema, plain text after a 4xx; "json": always; "text": never.
     structured_output: Literal["auto", "json", "text"] = _env("structured_output", default="auto")
     prompt_char_budget: int = _env("prompt_char_budget", default=60_000, ge=2_000)
 

@@ -23,16 +23,25 @@ class CoderWorker(BaseWorker):
         plan = self.load_plan(req.plan_key)
         skill = "optimize" if req.skill == code_pb2.SKILL_OPTIMIZE else "generate"
         self.workflow.progress(env, self.stage, 0.0, f"{skill}: writing round {env.round}")
-        common = {"samples": req.samples or 1, "backend": req.backend or "builtin", "job_id": env.job_id}
+        samples, backend = req.samples or 1, req.backend or "builtin"
         try:
             if req.skill == code_pb2.SKILL_OPTIMIZE:
                 previous = self.load_candidate(req.previous_candidate_key)
                 verdict = self.load_verdict(req.previous_verdict_key)
                 candidates = self.service.optimize(
-                    source, plan, previous, verdict, round_=env.round, **common
+                    source,
+                    plan,
+                    previous,
+                    verdict,
+                    samples=samples,
+                    backend=backend,
+                    job_id=env.job_id,
+                    round_=env.round,
                 )
             else:
-                candidates = self.service.generate(source, plan, round_=env.round, **common)
+                candidates = self.service.generate(
+                    source, plan, samples=samples, backend=backend, job_id=env.job_id, round_=env.round
+                )
         except Unavailable:
             raise
         except StitchError as exc:

@@ -177,7 +177,16 @@ class VerifierService:
         self._environment(verdict, ref)
 
         report("candidate", 0.5)
+        t0 = time.monotonic()
         run = self.candidates.run(candidate, ext_dir, ref, timeout_s=pol.timeout_s)
+        done = run.outcome.first("done")
+        log.info(
+            "candidate %s ran in %.1f s (process %.1f s; phases %s)",
+            candidate.candidate_id,
+            time.monotonic() - t0,
+            run.outcome.seconds,
+            done[0].get("phases") if done else "-",
+        )
         if run.fault.get("stage") == "device":
             raise Unavailable(f"the candidate process cannot use {device}: {run.fault.get('error')}")
 

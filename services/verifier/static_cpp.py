@@ -45,7 +45,7 @@ _RULE_PARTS: dict[str, tuple[str, tuple[str, ...]]] = {
               "rename",
               "mkdir", "stat", "access", "dup2?", "fread", "fwrite", "mmap"),
         r"\bstd::(?:i|o)?fstream\b", r"\bstd::filesystem\b", r"\bFILE\s*\*",
-        _include("fstream", "filesystem", r"dirent\.h", r"fcntl\.h", r"unistd\.h"))),
+        _include("fstream", "filesystem", r"dirent\.h"))),
     "D11.network": ("network", (
         _bare("socket", "connect", "getaddrinfo", "gethostbyname", r"curl_easy_\w+", "curl_global_init"),
         _include(r"sys/socket\.h", r"netdb\.h", r"curl/curl\.h", r"arpa/inet\.h"))),
@@ -155,6 +155,11 @@ ATEN_ALLOWED = frozenset(
         "makeArrayRef",
         "ArrayRef",
         "irange",
+        "cat",
+        "stack",
+        "cpu_kernel",
+        "cpu_kernel_vec",
+        "gpu_kernel",
         "Half",
         "BFloat16",
         "empty_cpu",
@@ -169,11 +174,14 @@ ATEN_ALLOWED = frozenset(
     ]
 )
 TENSOR_METHOD = _P(
-    r"\.\s*(matmul|mm|bmm|addmm|baddbmm|sum|mean|exp|log|softmax|log_softmax|relu|relu_|gelu|sigmoid|tanh|pow"
+    r"(\w+|\))\s*(?:\.|->)\s*(matmul|mm|bmm|addmm|baddbmm|sum|mean|exp|log|softmax|log_softmax|relu|relu_|gelu|sigmoid|tanh|pow"
     r"|sqrt|rsqrt|norm|var|std|conv1d|conv2d|linear|mul|mul_|add|add_|sub|sub_|div|div_|clamp|clamp_|clamp_min"
     r"|abs|neg|amax|amin|argmax|argmin|cumsum|prod|einsum|layer_norm|batch_norm|max_pool2d|index_select|gather"
     r"|scatter|where|masked_fill|lerp|sort|topk|max|min|logsumexp|silu|erf|square|exp_|mse_loss|dot|mv|outer"
     r"|gelu_|sigmoid_|tanh_|sqrt_|pow_|mean_)\s*\("
+)
+TENSOR_VAR = _P(
+    r"\b(?:at|torch)::Tensor\s*(?:const\s*)?&{0,2}\s*(\w+)|\bauto\s*&{0,2}\s*(\w+)\s*=\s*(?:at|torch)::"
 )
 STREAM_MAKE = _P(r"\bgetStreamFromPool\b|\bcudaStreamCreate\w*|\bgetStreamFromExternal\b|\bcuStreamCreate\w*")
 STREAM_JOIN = _P(
@@ -387,9 +395,13 @@ def _rules(path: str, code: str, hits: Hits, fp32: bool, raw: str) -> None:
             f"ATen through the dispatcher: {m.group(0).strip()[:60]}",
             f"{path}:{_line(code, m.start())}",
         )
+    tensors = {n for pair in TENSOR_VAR.findall(code) for n in pair if n}
     for m in TENSOR_METHOD.finditer(code):
+        # Only receivers known to be tensors (declared at::Tensor / torch::Tensor, or a call chain on one).
+        if m.group(1) != ")" and m.group(1) not in tensors:
+            continue
         hits.add(
-            "D11.torch-op", f"ATen tensor method in C++: .{m.group(1)}()", f"{path}:{_line(code, m.start())}"
+            "D11.torch-op", f"ATen tensor method in C++: .{m.group(2)}()", f"{path}:{_line(code, m.start())}"
         )
     if fp32:
         for m in PRECISION.finditer(code):

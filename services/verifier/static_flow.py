@@ -48,6 +48,8 @@ class Flow(Evaluator):
         self.custom_calls = 0
         self.emit = False
         self.counters = self._counters()
+        # Parameters with a mutable default (def forward(self, x, _cache={})) are state shared by all calls.
+        self.default_state = {id(f.node): _mutable_defaults(f) for f, _ in self.reached}
         # The function being analysed and the class its self stands for.
         placeholder = Func(ast.parse("lambda: None", mode="eval").body, "", None, [], None)  # type: ignore[arg-type]
         self.fn: Func = self.reached[0][0] if self.reached else placeholder
@@ -57,7 +59,10 @@ class Flow(Evaluator):
     # -- driver -------------------------------------------------------------------------------------
     def run(self) -> None:
         for f in self.program.entries():
-            self.params_in[id(f.node)] = {p: frozenset({("T", p), ("A", p)}) for p in f.params}
+            kept = self.default_state.get(id(f.node), set())
+            self.params_in[id(f.node)] = {
+                p: frozenset({("T", p), ("A", p)}) for p in f.params if p not in kept
+            }
         for _ in range(ITERATIONS):
             before = self._size()
             self._pass()
@@ -174,6 +179,8 @@ class Flow(Evaluator):
         if isinstance(node, ast.Subscript):
             return self.is_state(node.value)
         if isinstance(node, ast.Name):
+            if node.id in self.default_state.get(id(self.fn.node), set()):
+                return True
             env = self.env.get(id(self.fn.node), {})
             local = node.id in env and node.id not in self.global_decl
             return not local and node.id in self.module_names and self.names.qualname(node) is None
@@ -446,6 +453,17 @@ def _state_root(node: ast.AST) -> str | None:
 
 def _is_name(node: ast.AST, name: str | None) -> bool:
     return name is not None and isinstance(node, ast.Name) and node.id == name
+
+
+def _mutable_defaults(f: Func) -> set[str]:
+    if isinstance(f.node, ast.Lambda):
+        return set()
+    a = f.node.args
+    positional = a.posonlyargs + a.args
+    pairs = list(zip(positional[len(positional) - len(a.defaults) :], a.defaults, strict=True))
+    pairs += [(p, d) for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is not None]
+    mutable = (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp, ast.Call)
+    return {p.arg for p, d in pairs if isinstance(d, mutable)}
 
 
 def _module_names(tree: ast.Module) -> set[str]:

@@ -308,7 +308,7 @@ class Evaluator:
             if inner in TORCH_CODEGEN:
                 self.hit("D11.torch-op", f"{inner}(...) compiles PyTorch code on the forward path", node)
             return union(self.ev(func), allt)
-        q = self.names.qualname(func)
+        q = self.names.qualname(func) or self.self_qualname(func)
         if q is not None:
             return self.qualified_call(node, q, args, allt)
         if isinstance(func, ast.Attribute):
@@ -448,6 +448,18 @@ class Evaluator:
         else:
             self.hit("D11.param-op", f"nn layer {kind} called on constants", node)
         return no_alias(data(allt))
+
+    def self_qualname(self, node: ast.AST) -> str | None:
+        """self.X.Y... where __init__ bound self.X to a module or function (self.ext = ext)."""
+        parts: list[str] = []
+        while isinstance(node, ast.Attribute) and not self.is_self(node.value):
+            parts.insert(0, node.attr)
+            node = node.value
+        if not (isinstance(node, ast.Attribute) and self.is_self(node.value) and self.self_cls):
+            return None
+        value = self.program.attr_value(self.self_cls, node.attr)
+        base = self.names.qualname(value) if value is not None else None
+        return ".".join([base, *parts]) if base is not None else None
 
     def where(self, node: ast.AST | None) -> str:
         return f"{self.path}:{line(node) if node is not None else 0}"

@@ -26,7 +26,7 @@ TORCH_NEUTRAL_PREFIXES = (
     "torch.cuda.ExternalStream",
     "torch.cuda.StreamContext", "torch.cuda.CUDAGraph", "torch.cuda.graph", "torch.cuda.graphs",
     "torch.cuda.mem_get_info", "torch.cuda.memory", "torch.cuda.max_memory", "torch.cuda.streams",
-    "torch.autograd.profiler", "torch.profiler", "torch.ops", "torch.library", "torch.utils",
+    "torch.autograd.profiler", "torch.profiler", "torch.library", "torch.utils",
     "torch.backends", "torch.jit.is_scripting", "torch.compiler.is_compiling", "torch.Size", "torch.device",
     "torch.dtype", "torch.finfo", "torch.iinfo", "torch.no_grad", "torch.inference_mode", "torch.enable_grad",
     "torch.set_grad_enabled", "torch.is_grad_enabled", "torch.is_tensor", "torch.is_storage",

@@ -60,12 +60,17 @@ def spec(source: str, rounds: int = 0) -> jobs_pb2.JobSpec:
                             options=jobs_pb2.JobOptions(max_rounds=rounds))  # fmt: skip
 
 
-def test_grpc_submit_watch_and_download_a_verified_program(real_platform: Platform, api_key: str, tmp_path: Path):
+def test_grpc_submit_watch_and_download_a_verified_program(
+    real_platform: Platform, api_key: str, tmp_path: Path
+):
     with GatewayClient(real_platform.grpc_target, api_key) as client:
         job = client.submit(spec(problem_source("01")))
         events = list(client.watch(job.job_id))
         final = client.get(job.job_id)
-        assert final.status.state == jobs_pb2.JOB_STATE_SUCCEEDED, (final.status.message, real_platform.logs())
+        assert final.status.state == jobs_pb2.JOB_STATE_SUCCEEDED, (
+            final.status.message,
+            real_platform.logs(),
+        )
         assert final.status.best_speedup_vs_eager > 0
         assert any(e.kind == jobs_pb2.EVENT_KIND_PROGRESS and e.stage == "verify" for e in events)
         verdicts = [e for e in events if e.kind == jobs_pb2.EVENT_KIND_VERDICT]
@@ -102,8 +107,12 @@ def test_the_stitchcuda_submit_command_follows_and_downloads(real_platform: Plat
     assert "verified" in capsys.readouterr().err
 
 
-def test_a_reference_that_does_not_import_fails_the_job_with_the_reason(real_platform: Platform, api_key: str):
-    broken = problem_source("01").replace("import torch\n", "import torch\nraise RuntimeError('boom at import')\n", 1)
+def test_a_reference_that_does_not_import_fails_the_job_with_the_reason(
+    real_platform: Platform, api_key: str
+):
+    broken = problem_source("01").replace(
+        "import torch\n", "import torch\nraise RuntimeError('boom at import')\n", 1
+    )
     with GatewayClient(real_platform.grpc_target, api_key) as client:
         job = client.submit(spec(broken))
         final = client.wait(job.job_id, timeout_s=300)
@@ -127,7 +136,10 @@ def test_kill_9_of_the_verifier_mid_verification_still_completes(real_platform: 
         for pid in children:
             os.kill(pid, signal.SIGKILL)
         final = client.wait(job.job_id, timeout_s=900)
-        assert final.status.state == jobs_pb2.JOB_STATE_SUCCEEDED, (final.status.message, real_platform.logs())
+        assert final.status.state == jobs_pb2.JOB_STATE_SUCCEEDED, (
+            final.status.message,
+            real_platform.logs(),
+        )
         verdicts = [e for e in client.watch(job.job_id) if e.kind == jobs_pb2.EVENT_KIND_VERDICT]
         assert len(verdicts) == 1
     wait_for(lambda: len(verifier.children()) >= 1, 30, "the pool to replace the killed process")

@@ -87,7 +87,9 @@ class ScriptedClient:
             raise item
         if isinstance(item, Completion):
             return item
-        return Completion(text=item, finish_reason="stop", prompt_tokens=_tokens(request), completion_tokens=len(item) // 4)
+        return Completion(
+            text=item, finish_reason="stop", prompt_tokens=_tokens(request), completion_tokens=len(item) // 4
+        )
 
     def complete(
         self, messages: list[dict[str, str]], *, n: int = 1, json_schema: dict[str, Any] | None = None
@@ -149,7 +151,9 @@ class OpenAIClient:
         self.max_parallel = max_parallel
         self.structured_output = structured_output
         self.sleep = sleep
-        self._structured_ok: bool | None = None if structured_output == "auto" else structured_output == "json"
+        self._structured_ok: bool | None = (
+            None if structured_output == "auto" else structured_output == "json"
+        )
         self._client: Any = None
         self._lock = threading.Lock()
 
@@ -164,7 +168,9 @@ class OpenAIClient:
                     import httpx
                     import openai
                 except ImportError as exc:  # the [platform] extra is not installed
-                    raise Unavailable("the LLM backend needs the openai package (pip install stitchcuda[platform])") from exc
+                    raise Unavailable(
+                        "the LLM backend needs the openai package (pip install stitchcuda[platform])"
+                    ) from exc
                 self._client = openai.OpenAI(
                     base_url=self.base_url,
                     api_key=self.api_key or "EMPTY",
@@ -173,7 +179,9 @@ class OpenAIClient:
                 )
             return self._client
 
-    def _call(self, messages: list[dict[str, str]], n: int, json_schema: dict[str, Any] | None) -> list[Completion]:
+    def _call(
+        self, messages: list[dict[str, str]], n: int, json_schema: dict[str, Any] | None
+    ) -> list[Completion]:
         import openai
 
         client = self._sdk()
@@ -207,7 +215,9 @@ class OpenAIClient:
             except Exception as exc:
                 if not _retryable(exc) or attempt >= self.retries:
                     if _retryable(exc):
-                        raise Unavailable(f"the LLM endpoint failed after {attempt + 1} attempts: {exc}") from exc
+                        raise Unavailable(
+                            f"the LLM endpoint failed after {attempt + 1} attempts: {exc}"
+                        ) from exc
                     raise
                 delay = min(self.backoff_max_s, self.backoff_s * (2**attempt)) * (0.5 + random.random() / 2)
                 attempt += 1

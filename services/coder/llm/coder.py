@@ -33,9 +33,7 @@ class LLMCoder:
         self.structured = structured
         self.char_budget = char_budget
 
-    def docs(
-        self, plan: plan_pb2.Plan | None, verdict: verify_pb2.Verdict | None, target: str
-    ) -> list[Doc]:
+    def docs(self, plan: plan_pb2.Plan | None, verdict: verify_pb2.Verdict | None, target: str) -> list[Doc]:
         out: list[Doc] = []
         if verdict is not None:
             out += [Doc(f"Verifier note {i + 1}", text) for i, text in enumerate(verdict.docs[: self.top_k])]
@@ -55,7 +53,13 @@ class LLMCoder:
         round_: int = 0,
     ) -> list[code_pb2.Candidate]:
         docs = self.docs(plan, None, target)
-        user = render_generate(reference=reference, plan=plan, target=target, docs=docs, problem=plan.problem_name if plan else "")
+        user = render_generate(
+            reference=reference,
+            plan=plan,
+            target=target,
+            docs=docs,
+            problem=plan.problem_name if plan else "",
+        )
         return self._sample(user, plan, target, samples, job_id, round_, parent=None, skill="generate")
 
     def optimize(

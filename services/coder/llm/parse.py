@@ -20,7 +20,11 @@ from stitchcuda.shared.candidate import ENTRY, SOURCE_SUFFIXES, from_kernelbench
 from stitchcuda.shared.errors import InvalidRequest
 
 CPU_FLAGS = {"cflags": ["-O3", "-fopenmp", "-std=c++17"], "cuda_cflags": [], "ldflags": ["-fopenmp"]}
-CUDA_FLAGS = {"cflags": ["-O3", "-std=c++17"], "cuda_cflags": ["-O3", "-std=c++17", "--expt-relaxed-constexpr"], "ldflags": []}
+CUDA_FLAGS = {
+    "cflags": ["-O3", "-std=c++17"],
+    "cuda_cflags": ["-O3", "-std=c++17", "--expt-relaxed-constexpr"],
+    "ldflags": [],
+}
 
 CANDIDATE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -43,7 +47,9 @@ CANDIDATE_SCHEMA: dict[str, Any] = {
 
 _FENCE = re.compile(r"^```[ \t]*([^\n`]*)\n(.*?)^```[ \t]*$", re.S | re.M)
 _FILE_HINT = re.compile(r"(?:^|\s|`|\*\*)([A-Za-z0-9_./-]+\.(?:py|cpp|cc|cu|cuh|h|hpp))\b")
-_FIRST_LINE_FILE = re.compile(r"^\s*(?://|#)\s*(?:file(?:name)?\s*[:=]\s*)?([A-Za-z0-9_./-]+\.(?:py|cpp|cc|cu|cuh|h|hpp))\s*$", re.I)
+_FIRST_LINE_FILE = re.compile(
+    r"^\s*(?://|#)\s*(?:file(?:name)?\s*[:=]\s*)?([A-Za-z0-9_./-]+\.(?:py|cpp|cc|cu|cuh|h|hpp))\s*$", re.I
+)
 _IMPORT = re.compile(r"^import\s+([A-Za-z_][A-Za-z0-9_]*)\s+as\s+ext\s*$", re.M)
 _LANG_SUFFIX = {"python": ".py", "py": ".py", "cpp": ".cpp", "c++": ".cpp", "cxx": ".cpp", "cc": ".cpp",
                 "cuda": ".cu", "cu": ".cu", "c": ".cpp", "h": ".h", "hpp": ".h"}  # fmt: skip
@@ -181,7 +187,9 @@ def parse_answer(text: str, *, backend: str) -> Parsed:
             raise ParseError(f"single-file answer: {exc}") from exc
         parsed_files = {f.path: f.content for f in cand.files}
         _check_python(parsed_files[ENTRY])
-        return Parsed(parsed_files, cand.build, payload.get("rationale", "") if payload else "", "kernelbench")
+        return Parsed(
+            parsed_files, cand.build, payload.get("rationale", "") if payload else "", "kernelbench"
+        )
     _check_python(files[ENTRY])
     ext_name = _extension_name(files[ENTRY])
     sources = sorted(p for p in files if p.endswith((".cpp", ".cc", ".cu")))

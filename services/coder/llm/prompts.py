@@ -11,7 +11,15 @@ import jinja2
 from stitchcuda.api.v1 import code_pb2, plan_pb2, verify_pb2
 
 TEMPLATES = Path(__file__).with_name("templates")
-_LANG = {".py": "python", ".cu": "cuda", ".cuh": "cuda", ".cpp": "cpp", ".cc": "cpp", ".h": "cpp", ".hpp": "cpp"}
+_LANG = {
+    ".py": "python",
+    ".cu": "cuda",
+    ".cuh": "cuda",
+    ".cpp": "cpp",
+    ".cc": "cpp",
+    ".h": "cpp",
+    ".hpp": "cpp",
+}
 
 
 @dataclass
@@ -43,7 +51,10 @@ def plan_text(plan: plan_pb2.Plan | None, *, limit: int = 6000) -> str:
     if plan.outputs:
         lines.append("Outputs: " + ", ".join(f"{t.name}{list(t.shape)} {t.dtype}" for t in plan.outputs))
     if plan.eager_ms:
-        lines.append(f"Reference: eager {plan.eager_ms:.3f} ms, torch.compile {plan.compile_ms:.3f} ms, floor {plan.floor_ms:.3f} ms")
+        lines.append(
+            f"Reference: eager {plan.eager_ms:.3f} ms, torch.compile {plan.compile_ms:.3f} ms, "
+            f"floor {plan.floor_ms:.3f} ms"
+        )
     for st in sorted(plan.subtasks, key=lambda s: s.priority):
         kind = plan_pb2.SubtaskKind.Name(st.kind).replace("SUBTASK_KIND_", "").lower()
         ops = ", ".join(f"{o.name}={o.target}" for o in st.ops)
@@ -68,11 +79,17 @@ def plan_text(plan: plan_pb2.Plan | None, *, limit: int = 6000) -> str:
 
 
 def verdict_summary(verdict: verify_pb2.Verdict) -> str:
-    parts = [("accepted" if verdict.accepted else "rejected") + (f" ({verdict.reason})" if verdict.reason else "")]
+    parts = [
+        ("accepted" if verdict.accepted else "rejected") + (f" ({verdict.reason})" if verdict.reason else "")
+    ]
     if verdict.compiled and verdict.correctness.trials:
-        parts.append(f"max rel_l2 {verdict.correctness.max_rel_l2:.2e} (tolerance {verdict.correctness.tolerance:.1e})")
+        parts.append(
+            f"max rel_l2 {verdict.correctness.max_rel_l2:.2e} (tolerance {verdict.correctness.tolerance:.1e})"
+        )
     if verdict.speedup_vs_eager:
-        parts.append(f"{verdict.speedup_vs_eager:.2f}x vs eager, {verdict.speedup_vs_compile:.2f}x vs torch.compile")
+        parts.append(
+            f"{verdict.speedup_vs_eager:.2f}x vs eager, {verdict.speedup_vs_compile:.2f}x vs torch.compile"
+        )
     if verdict.custom_kernel_share:
         parts.append(f"custom kernels {100 * verdict.custom_kernel_share:.0f}% of device time")
     return "; ".join(parts)
@@ -104,7 +121,9 @@ def _files(candidate: code_pb2.Candidate, limit: int) -> list[dict[str, str]]:
 
 
 def render_system(*, target: str, dtype: str = "float32", structured: bool = False) -> str:
-    return _ENV.get_template("system.j2").render(target=target, dtype=dtype or "float32", structured=structured)
+    return _ENV.get_template("system.j2").render(
+        target=target, dtype=dtype or "float32", structured=structured
+    )
 
 
 def render_generate(

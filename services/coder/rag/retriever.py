@@ -26,8 +26,51 @@ log = logging.getLogger("stitchcuda.coder.rag")
 CORPUS = Path(__file__).with_name("corpus")
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+")
 _STOP = frozenset(
-    "a an and are as at be by for from has in is it its of on or that the this to was were with which "
-    "when where while not no can will into than then there these those your you we our".split()
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "by",
+        "for",
+        "from",
+        "has",
+        "in",
+        "is",
+        "it",
+        "its",
+        "of",
+        "on",
+        "or",
+        "that",
+        "the",
+        "this",
+        "to",
+        "was",
+        "were",
+        "with",
+        "which",
+        "when",
+        "where",
+        "while",
+        "not",
+        "no",
+        "can",
+        "will",
+        "into",
+        "than",
+        "then",
+        "there",
+        "these",
+        "those",
+        "your",
+        "you",
+        "we",
+        "our",
+    ]
 )
 
 
@@ -162,7 +205,9 @@ def make_retriever(backend: str = "auto", docs: Sequence[Document] | None = None
         return retriever
 
 
-def query_for(plan: plan_pb2.Plan | None, verdict: verify_pb2.Verdict | None = None, *, target: str = "") -> str:
+def query_for(
+    plan: plan_pb2.Plan | None, verdict: verify_pb2.Verdict | None = None, *, target: str = ""
+) -> str:
     """Retrieval query text: what the plan computes and how it is bound, and what the verdict says."""
     parts: list[str] = [target.upper() if target else ""]
     if plan is not None:
@@ -181,7 +226,10 @@ def query_for(plan: plan_pb2.Plan | None, verdict: verify_pb2.Verdict | None = N
         for f in verdict.findings:
             parts += [f.rule, f.detail[:200]]
         if verdict.profile.bound:
-            parts += [f"{verdict.profile.bound}-bound", "bandwidth" if verdict.profile.bound == "memory" else "occupancy"]
+            parts += [
+                f"{verdict.profile.bound}-bound",
+                "bandwidth" if verdict.profile.bound == "memory" else "occupancy",
+            ]
         for kstat in verdict.profile.kernels[:4]:
             parts += list(kstat.counters.keys())
     return " ".join(p for p in parts if p)

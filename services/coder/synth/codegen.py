@@ -448,10 +448,14 @@ class Host:
             expr = f"std::floor(static_cast<double>({a[0]}) / static_cast<double>({a[1]}))"
             return [f"const {ctype} {name} = static_cast<{ctype}>({expr});"]
         if fn == "mod" and len(a) == 2:
-            expr = f"({a[0]}) - ({a[1]}) * std::floor(static_cast<double>({a[0]}) / static_cast<double>({a[1]}))"
+            expr = (
+                f"({a[0]}) - ({a[1]}) * std::floor(static_cast<double>({a[0]}) / static_cast<double>({a[1]}))"
+            )
             return [f"const {ctype} {name} = static_cast<{ctype}>({expr});"]
         if fn == "pow" and len(a) == 2:
-            return [f"const {ctype} {name} = static_cast<{ctype}>(std::pow(static_cast<double>({a[0]}), {a[1]}));"]
+            return [
+                f"const {ctype} {name} = static_cast<{ctype}>(std::pow(static_cast<double>({a[0]}), {a[1]}));"
+            ]
         if fn == "neg":
             return [f"const {ctype} {name} = -({a[0]});"]
         if fn in ("sqrt", "exp", "log", "sin", "cos", "tan", "floor", "ceil", "fabs", "log2", "log10"):
@@ -558,7 +562,9 @@ class Host:
     def index_expr(self, src: str, op: Op) -> str:
         items = op.attrs["index"]
         rank = len(self.g.values[op.args[0].id].shape)
-        consumed = sum(1 for it in items if not (it is None or (isinstance(it, tuple) and it[0] == "ellipsis")))
+        consumed = sum(
+            1 for it in items if not (it is None or (isinstance(it, tuple) and it[0] == "ellipsis"))
+        )
         expr, dim = src, 0
         for it in items:
             if it is None:
@@ -622,14 +628,20 @@ class Host:
             if custom:
                 raise Unsupported(f"{op.origin}: no custom kernel for {fn}")
             bias = self.opt_tensor(op.args[2]) if at.get("bias") else "c10::nullopt"
-            lists = [self.int_list([Const(x) for x in at[k]]) for k in ("stride", "padding", "output_padding")]
+            lists = [
+                self.int_list([Const(x) for x in at[k]]) for k in ("stride", "padding", "output_padding")
+            ]
             dil = self.int_list([Const(x) for x in at["dilation"]])
-            return f"at::{fn}({t[0]}, {t[1]}, {bias}, {lists[0]}, {lists[1]}, {lists[2]}, {at['groups']}, {dil})"
+            return (
+                f"at::{fn}({t[0]}, {t[1]}, {bias}, {lists[0]}, {lists[1]}, {lists[2]}, {at['groups']}, {dil})"
+            )
         if fn == "sdpa":
             if custom:
                 raise Unsupported(f"{op.origin}: no custom kernel for attention with an explicit mask")
             mask = self.opt_tensor(op.args[3]) if at.get("mask") else "c10::nullopt"
-            scale = f"c10::optional<double>({at['scale']!r})" if at.get("scale") is not None else "c10::nullopt"
+            scale = (
+                f"c10::optional<double>({at['scale']!r})" if at.get("scale") is not None else "c10::nullopt"
+            )
             causal = "true" if at["is_causal"] else "false"
             return f"at::scaled_dot_product_attention({t[0]}, {t[1]}, {t[2]}, {mask}, 0.0, {causal}, {scale})"
         if fn == "lstm":
@@ -690,11 +702,14 @@ class Host:
             if o.access == "contig":
                 lines.append(f"const at::Tensor O{i}_{k.name} = stitch::contiguous_operand({src});")
                 lines.append(
-                    f'TORCH_CHECK(O{i}_{k.name}.sizes() == at::IntArrayRef({dvar}), "{k.name}: operand {o.id} shape");'
+                    f"TORCH_CHECK(O{i}_{k.name}.sizes() == at::IntArrayRef({dvar}), "
+                    f'"{k.name}: operand {o.id} shape");'
                 )
             elif o.access == "scalar":
                 lines.append(f"const at::Tensor& O{i}_{k.name} = {src};")
-                lines.append(f'TORCH_CHECK({src}.numel() == 1, "{k.name}: operand {o.id} must have one element");')
+                lines.append(
+                    f'TORCH_CHECK({src}.numel() == 1, "{k.name}: operand {o.id} must have one element");'
+                )
             else:
                 lines.append(f"const at::Tensor& O{i}_{k.name} = {src};")
                 if o.domain == "main":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from stitchcuda.coder.synth import libops, rnn
 from stitchcuda.coder.synth.codegen import (
     CTYPE,
     Host,
@@ -17,7 +18,6 @@ from stitchcuda.coder.synth.codegen import (
 )
 from stitchcuda.coder.synth.fusion import Program
 from stitchcuda.coder.synth.ir import Unsupported
-from stitchcuda.coder.synth import libops, rnn
 from stitchcuda.coder.synth.runtime import HEADER_NAME
 from stitchcuda.coder.synth.variants import Variant
 
@@ -109,7 +109,10 @@ class CpuKernels:
                 "});",
             ]
         else:
-            bases = [f"const int64_t b{i} = stitch::row_off<int64_t>(desc[{self.desc_slot(info, i)}], r);" for i in general]
+            bases = [
+                f"const int64_t b{i} = stitch::row_off<int64_t>(desc[{self.desc_slot(info, i)}], r);"
+                for i in general
+            ]
             loop = [
                 f"at::parallel_for(0, n, {grain}, [&](int64_t begin, int64_t end) {{",
                 "  int64_t i = begin;",
@@ -156,9 +159,7 @@ class CpuKernels:
                 return f"in{i}[r * cols]"
             return f"in{i}[b{i}]"
 
-        accs = {
-            r.op.out: acc_type(r.op.fn, self.variant.acc, default_double=True) for r in info.reductions
-        }
+        accs = {r.op.out: acc_type(r.op.fn, self.variant.acc, default_double=True) for r in info.reductions}
 
         def bases() -> list[str]:
             return [
@@ -178,7 +179,10 @@ class CpuKernels:
             for r in reds:
                 value = inner.need(r.op.args[0].id)
                 updates.append(acc_update(r.op.fn, accs[r.op.out], "a_" + local_var(r.op.out), value, "c"))
-            decls = [f"{accs[r.op.out]} a_{local_var(r.op.out)} = {acc_init(r.op.fn, accs[r.op.out])};" for r in reds]
+            decls = [
+                f"{accs[r.op.out]} a_{local_var(r.op.out)} = {acc_init(r.op.fn, accs[r.op.out])};"
+                for r in reds
+            ]
             return [
                 *decls,
                 f"for (int64_t c = {c_begin}; c < {c_end}; ++c) {{",
@@ -193,7 +197,9 @@ class CpuKernels:
                     continue
                 name = local_var(r.op.out)
                 ctype = CTYPE[self.g.values[r.op.out].dtype]
-                lines.append(f"const {ctype} {name} = {acc_final(r.op.fn, accs[r.op.out], 'a_' + name, 'cols')};")
+                lines.append(
+                    f"const {ctype} {name} = {acc_final(r.op.fn, accs[r.op.out], 'a_' + name, 'cols')};"
+                )
                 row_scope.names[r.op.out] = name
             return lines
 
@@ -203,7 +209,11 @@ class CpuKernels:
             inner = Scope(self.g, info.ops, scalar, element_load, parent=row_scope)
             value = inner.need(k.root)
             target = "out[r * cols + c]" if trailing else "out[ob + stitch::col_off<int64_t>(odesc, c)]"
-            return ["for (int64_t c = 0; c < cols; ++c) {", *indent([*inner.lines, f"{target} = {value};"], 2), "}"]
+            return [
+                "for (int64_t c = 0; c < cols; ++c) {",
+                *indent([*inner.lines, f"{target} = {value};"], 2),
+                "}",
+            ]
 
         def row_body() -> list[str]:
             row_scope = Scope(self.g, info.ops, scalar, row_load)
@@ -242,7 +252,9 @@ class CpuKernels:
         if not trailing and k.root_level == "full":
             extra.append("stitch::Desc odesc")
         params = self.params(info, extra)
-        return self.function(k.name, params, body, f"row kernel ({info.max_level} passes): {', '.join(k.origins)}")
+        return self.function(
+            k.name, params, body, f"row kernel ({info.max_level} passes): {', '.join(k.origins)}"
+        )
 
     def split_path(self, info, accs, bases, row_section, element_pass, finalize, scalar, row_load):  # type: ignore[no-untyped-def]
         """Few long rows: chunks of every row reduce in parallel, then each row combines its chunks."""
@@ -320,7 +332,7 @@ class CpuKernels:
         inner = Scope(self.g, info.ops, scalar, loader("in", "ii"))
         value = inner.need(src)
         fn = pool.fn
-        is_max = fn.startswith("max") or fn.startswith("adaptive_max")
+        is_max = fn.startswith(("max", "adaptive_max"))
         decomp = ["int64_t t = o;"]
         for d in reversed(dims):
             decomp += [f"const int64_t o{d} = t % O{d.upper()};", f"t /= O{d.upper()};"]
@@ -421,10 +433,13 @@ def launch_lines(info: KernelInfo, host: Host, *, backend: str) -> list[str]:
     """Host code for one kernel: domain, operand checks and descriptors, output, and the call."""
     k = info.kernel
     g = host.g
-    dom_lines, S = host.domain_lines(info)
+    dom_lines, dom = host.domain_lines(info)
     rank = len(g.values[k.domain].shape)
     if k.kind == "pointwise":
-        row_dims, col_dims = f"stitch::range(0, {max(rank - 1, 0)})", ("{" + str(rank - 1) + "}" if rank else "{}")
+        row_dims, col_dims = (
+            f"stitch::range(0, {max(rank - 1, 0)})",
+            ("{" + str(rank - 1) + "}" if rank else "{}"),
+        )
     elif k.kind == "row":
         red = list(k.reduce_dims)
         keep = [d for d in range(rank) if d not in red]
@@ -433,24 +448,24 @@ def launch_lines(info: KernelInfo, host: Host, *, backend: str) -> list[str]:
     else:
         row_dims, col_dims = f"stitch::range(0, {rank})", "{}"
     lines = [f"// ---- {k.name} ({k.kind}) covers {', '.join(k.origins)}", *dom_lines]
-    lines += host.operand_lines(info, S, row_dims, col_dims)
+    lines += host.operand_lines(info, dom, row_dims, col_dims)
     root = g.values[k.root]
     if k.kind == "row" and k.root_level == "row":
         keepdim = len(root.shape) == rank
-        shape = f"stitch::reduced({S}, {col_dims}, {'true' if keepdim else 'false'})"
+        shape = f"stitch::reduced({dom}, {col_dims}, {'true' if keepdim else 'false'})"
     else:
-        shape = S
+        shape = dom
     lines += host.output_lines(info, shape)
     ptrs = [host.ptr(info, i) for i in range(len(info.operands))]
     out_ptr = f"{tensor_var(k.root)}.data_ptr<{CTYPE[root.dtype]}>()"
     desc = f"D_{k.name}.data()" if info.general else "nullptr"
     scalars = [f"static_cast<float>({expr})" for expr, _ in info.scalars]
     if k.kind == "pointwise":
-        extra = [f"{tensor_var(k.root)}.numel()", f"({rank} ? {S}.back() : 1)"]
+        extra = [f"{tensor_var(k.root)}.numel()", f"({rank} ? {dom}.back() : 1)"]
     elif k.kind == "row":
-        extra = [f"stitch::prod({S}, {row_dims})", f"stitch::prod({S}, {col_dims})"]
+        extra = [f"stitch::prod({dom}, {row_dims})", f"stitch::prod({dom}, {col_dims})"]
         if not k.trailing and k.root_level == "full":
-            extra.append(f"stitch::make_desc({tensor_var(k.root)}, {S}, {row_dims}, {col_dims})")
+            extra.append(f"stitch::make_desc({tensor_var(k.root)}, {dom}, {row_dims}, {col_dims})")
     else:
         pool = k.pool
         assert pool is not None
@@ -458,7 +473,7 @@ def launch_lines(info: KernelInfo, host: Host, *, backend: str) -> list[str]:
         rank_in = len(g.values[pool.args[0].id].shape)
         extra = [f"{tensor_var(k.root)}.numel()"]
         extra += [f"SI_{k.name}[{rank_in - nd + i}]" for i in range(nd)]
-        extra += [f"{S}[{rank_in - nd + i}]" for i in range(nd)]
+        extra += [f"{dom}[{rank_in - nd + i}]" for i in range(nd)]
     args = [*ptrs, out_ptr, desc, *extra, *scalars]
     if backend == "cpu":
         lines.append(f"{k.name}({', '.join(args)});")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from stitchcuda.coder.synth import libops, rnn
 from stitchcuda.coder.synth.codegen import (
     CTYPE,
     Host,
@@ -24,7 +25,6 @@ from stitchcuda.coder.synth.codegen import (
 from stitchcuda.coder.synth.cpu import indent, launch_lines
 from stitchcuda.coder.synth.fusion import Program
 from stitchcuda.coder.synth.ir import Attr, Ref, Unsupported
-from stitchcuda.coder.synth import libops, rnn
 from stitchcuda.coder.synth.runtime import HEADER_NAME
 from stitchcuda.coder.synth.variants import Variant
 
@@ -222,7 +222,9 @@ class CudaKernels:
             "  }",
             "}",
         ]
-        tail_row = ["const I r = i / cols;", "const I c = i - r * cols;", *bases] if general else ["const I c = 0;"]
+        tail_row = (
+            ["const I r = i / cols;", "const I c = i - r * cols;", *bases] if general else ["const I c = 0;"]
+        )
         tail = [
             "// Elements past the last full vector (flat contiguous case only).",
             "for (I i = nvec * VEC + static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;",
@@ -250,6 +252,7 @@ class CudaKernels:
         block = self.block
         align = " && ".join(f"aligned16({p})" for p in [*self.contig_ptrs(info), "out"])
         vec_cond = f"{align} && (cols % 4 == 0 || {str(not general).lower()})" if vec_ok else "false"
+        wide = ", ".join(self.call_args(info, ["n", "cols"]))
         launcher = [
             f"static void {k.name}_launch(",
             "    " + ",\n    ".join(self.launcher_params(info, ["int64_t n", "int64_t cols"])) + ") {",
@@ -258,19 +261,22 @@ class CudaKernels:
             "  auto stream = at::cuda::getCurrentCUDAStream();",
             f"  const bool vec4 = {vec_cond};",
             "  const int64_t work = vec4 ? (n + 3) / 4 : n;",
-            f"  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((work + {block - 1}) / {block}, "
+            "  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>("
+            f"(work + {block - 1}) / {block}, "
             f"static_cast<int64_t>(sm_count()) * {max(2048 // block, 1)}));",
             "  const bool small = n < (int64_t(1) << 31) - 1;",
             "  if (vec4 && small)",
             f"    {k.name}_kernel<4, int32_t><<<blocks, {block}, 0, stream>>>("
-            + ", ".join(self.call_args(info, ["static_cast<int32_t>(n)", "static_cast<int32_t>(cols)"])) + ");",
+            + ", ".join(self.call_args(info, ["static_cast<int32_t>(n)", "static_cast<int32_t>(cols)"]))
+            + ");",
             "  else if (vec4)",
-            f"    {k.name}_kernel<4, int64_t><<<blocks, {block}, 0, stream>>>({', '.join(self.call_args(info, ['n', 'cols']))});",
+            f"    {k.name}_kernel<4, int64_t><<<blocks, {block}, 0, stream>>>({wide});",
             "  else if (small)",
             f"    {k.name}_kernel<1, int32_t><<<blocks, {block}, 0, stream>>>("
-            + ", ".join(self.call_args(info, ["static_cast<int32_t>(n)", "static_cast<int32_t>(cols)"])) + ");",
+            + ", ".join(self.call_args(info, ["static_cast<int32_t>(n)", "static_cast<int32_t>(cols)"]))
+            + ");",
             "  else",
-            f"    {k.name}_kernel<1, int64_t><<<blocks, {block}, 0, stream>>>({', '.join(self.call_args(info, ['n', 'cols']))});",
+            f"    {k.name}_kernel<1, int64_t><<<blocks, {block}, 0, stream>>>({wide});",
             "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
             "}",
         ]
@@ -285,6 +291,8 @@ class CudaKernels:
         scalar = self.scalar_fn(info)
         vec_ok = self.vectorizable(info)
 
+        used: set[int] = set()
+
         def element_load(vector: bool) -> Callable[[str], str]:
             def load(ident: str) -> str:
                 i = index[ident]
@@ -292,6 +300,7 @@ class CudaKernels:
                 if acc == "scalar":
                     return f"z{i}"
                 if acc == "contig":
+                    used.add(i)
                     return f"lane4(f{i}, l)" if vector else f"in{i}[r * cols + c]"
                 return f"in{i}[b{i} + stitch::col_off<int64_t>(D.d[{self.slot(info, i)}], c)]"
 
@@ -307,32 +316,85 @@ class CudaKernels:
             return f"in{i}[b{i}]"
 
         def bases() -> list[str]:
-            return [f"const int64_t b{i} = stitch::row_off<int64_t>(D.d[{self.slot(info, i)}], r);" for i in info.general]
+            return [
+                f"const int64_t b{i} = stitch::row_off<int64_t>(D.d[{self.slot(info, i)}], r);"
+                for i in info.general
+            ]
 
         accs = {r.op.out: acc_type(r.op.fn, self.variant.acc, default_double=False) for r in info.reductions}
-        vec_loads = [
-            f"const float4 f{i} = reinterpret_cast<const float4*>(in{i} + r * cols)[c0 / 4];"
-            for i, o in enumerate(info.operands)
-            if o.access == "contig"
-        ]
+        # Row caching (CACHED=true): each thread keeps the float4s of the contiguous operands it loaded
+        # in the first pass that reads them, in registers, and later passes reuse them instead of reading
+        # the row again. Valid when cols <= threads * 4 * RCACHE (checked on the host).
+        loaded: set[int] = set()
+        cached_ops: set[int] = set()
 
-        def column_loop(inner_lines: Callable[[bool], list[str]], c_begin: str, c_end: str) -> list[str]:
+        def cached_loads(pass_used: set[int]) -> list[str]:
+            out = []
+            for i in sorted(pass_used):
+                if i in loaded:
+                    out.append(f"const float4 f{i} = cache{i}[it];")
+                    cached_ops.add(i)
+                else:
+                    out.append(f"const float4 f{i} = reinterpret_cast<const float4*>(in{i} + r * cols)[c0 / 4];")
+                    out.append(f"cache{i}[it] = f{i};")
+                    cached_ops.add(i)
+            loaded.update(pass_used)
+            return out
+
+        def cached_loop(body: list[str], loads: list[str], head: list[str], tail: list[str]) -> list[str]:
             return [
-                "if constexpr (VEC == 4) {",
-                f"  for (int64_t c0 = {c_begin} + threadIdx.x * 4; c0 < {c_end}; c0 += blockDim.x * 4) {{",
-                *indent(vec_loads, 4),
+                "#pragma unroll",
+                f"for (int it = 0; it < {k.name}_RCACHE; ++it) {{",
+                "  const int64_t c0 = threadIdx.x * 4 + static_cast<int64_t>(it) * blockDim.x * 4;",
+                "  if (c0 < cols) {",
+                *indent(loads, 4),
+                *indent(head, 4),
                 "#pragma unroll",
                 "    for (int l = 0; l < 4; ++l) {",
                 "      const int64_t c = c0 + l;",
                 "      (void)c;",
-                *indent(inner_lines(True), 6),
+                *indent(body, 6),
+                "    }",
+                *indent(tail, 4),
+                "  }",
+                "}",
+            ]
+
+        def column_loop(
+            inner_lines: Callable[[bool], list[str]], c_begin: str, c_end: str, cache: bool = False
+        ) -> list[str]:
+            used.clear()
+            vec_body = inner_lines(True)
+            pass_used = set(used)
+            scalar_body = inner_lines(False)
+            prefix: list[str] = []
+            if cache:
+                prefix = [
+                    "if constexpr (VEC == 4 && CACHED) {",
+                    *indent(cached_loop(vec_body, cached_loads(pass_used), [], []), 2),
+                    "} else",
+                ]
+            vec_loads_here = [
+                f"const float4 f{i} = reinterpret_cast<const float4*>(in{i} + r * cols)[c0 / 4];"
+                for i in sorted(pass_used)
+            ]
+            return [
+                *prefix,
+                "if constexpr (VEC == 4) {",
+                f"  for (int64_t c0 = {c_begin} + threadIdx.x * 4; c0 < {c_end}; c0 += blockDim.x * 4) {{",
+                *indent(vec_loads_here, 4),
+                "#pragma unroll",
+                "    for (int l = 0; l < 4; ++l) {",
+                "      const int64_t c = c0 + l;",
+                "      (void)c;",
+                *indent(vec_body, 6),
                 "    }",
                 "  }",
                 "} else {",
                 f"  for (int64_t c = {c_begin} + threadIdx.x; c < {c_end}; c += blockDim.x) {{",
                 "    const int l = 0;",
                 "    (void)l;",
-                *indent(inner_lines(False), 4),
+                *indent(scalar_body, 4),
                 "  }",
                 "}",
             ]
@@ -342,19 +404,26 @@ class CudaKernels:
                 if op.kind == "ew" and info.row_level.get(op.out) and info.levels.get(op.out) == level:
                     scope.need(op.out)
 
-        def element_pass(row_scope: Scope, level: int, c_begin: str, c_end: str, acc_map: dict[str, str]) -> list[str]:
+        def element_pass(
+            row_scope: Scope, level: int, c_begin: str, c_end: str, acc_map: dict[str, str], cache: bool = False
+        ) -> list[str]:
             reds = [r for r in info.reductions if r.level == level]
-            decls = [f"{acc_map[r.op.out]} a_{local_var(r.op.out)} = {acc_init(r.op.fn, acc_map[r.op.out])};" for r in reds]
+            decls = [
+                f"{acc_map[r.op.out]} a_{local_var(r.op.out)} = {acc_init(r.op.fn, acc_map[r.op.out])};"
+                for r in reds
+            ]
 
             def inner(vector: bool) -> list[str]:
                 sc = Scope(self.g, info.ops, scalar, element_load(vector), parent=row_scope)
                 ups = [
-                    acc_update(r.op.fn, acc_map[r.op.out], "a_" + local_var(r.op.out), sc.need(r.op.args[0].id), "c")
+                    acc_update(
+                        r.op.fn, acc_map[r.op.out], "a_" + local_var(r.op.out), sc.need(r.op.args[0].id), "c"
+                    )
                     for r in reds
                 ]
                 return [*sc.lines, *ups]
 
-            return [*decls, *column_loop(inner, c_begin, c_end)]
+            return [*decls, *column_loop(inner, c_begin, c_end, cache)]
 
         def reduce_block(level: int, acc_map: dict[str, str]) -> list[str]:
             lines = []
@@ -377,7 +446,9 @@ class CudaKernels:
                     continue
                 name = local_var(r.op.out)
                 ctype = CTYPE[self.g.values[r.op.out].dtype]
-                lines.append(f"const {ctype} {name} = {acc_final(r.op.fn, acc_map[r.op.out], 'a_' + name, 'cols')};")
+                lines.append(
+                    f"const {ctype} {name} = {acc_final(r.op.fn, acc_map[r.op.out], 'a_' + name, 'cols')};"
+                )
                 row_scope.names[r.op.out] = name
             return lines
 
@@ -393,18 +464,33 @@ class CudaKernels:
                 return [*sc.lines, f"out[r * cols + c] = {value};"]
 
             root_ctype = CTYPE[self.g.values[k.root].dtype]
+            used.clear()
+            vec_body = inner(True)
+            pass_used = set(used)
+            store_vec = [
+                "reinterpret_cast<float4*>(out + r * cols)[c0 / 4] =",
+                "    make_float4(res[0], res[1], res[2], res[3]);",
+            ]
+            cached = cached_loop(vec_body, cached_loads(pass_used), [f"{root_ctype} res[4];"], store_vec)
+            vec_loads_here = [
+                f"const float4 f{i} = reinterpret_cast<const float4*>(in{i} + r * cols)[c0 / 4];"
+                for i in sorted(pass_used)
+            ]
             return [
-                "if constexpr (VEC == 4) {",
+                "if constexpr (VEC == 4 && CACHED) {",
+                *indent(cached, 2),
+                "} else if constexpr (VEC == 4) {",
                 "  for (int64_t c0 = threadIdx.x * 4; c0 < cols; c0 += blockDim.x * 4) {",
-                *indent(vec_loads, 4),
+                *indent(vec_loads_here, 4),
                 f"    {root_ctype} res[4];",
                 "#pragma unroll",
                 "    for (int l = 0; l < 4; ++l) {",
                 "      const int64_t c = c0 + l;",
                 "      (void)c;",
-                *indent(inner(True), 6),
+                *indent(vec_body, 6),
                 "    }",
-                "    reinterpret_cast<float4*>(out + r * cols)[c0 / 4] = make_float4(res[0], res[1], res[2], res[3]);",
+                "    reinterpret_cast<float4*>(out + r * cols)[c0 / 4] =",
+                "        make_float4(res[0], res[1], res[2], res[3]);",
                 "  }",
                 "} else {",
                 "  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {",
@@ -422,7 +508,7 @@ class CudaKernels:
             lines += row_scope.lines
             for level in range(1, info.max_level + 1):
                 row_scope.lines = []
-                lines += element_pass(row_scope, level, "0", "cols", acc_map)
+                lines += element_pass(row_scope, level, "0", "cols", acc_map, cache=True)
                 lines += reduce_block(level, acc_map)
                 lines += finalize(row_scope, level, acc_map)
                 row_section(row_scope, level)
@@ -433,28 +519,38 @@ class CudaKernels:
 
         smem_bytes = 32 * 16
         main_params = self.kernel_params(info, ["const int64_t rows", "const int64_t cols"])
+        body = row_body(accs)
+        # Registers for the row cache: 64 per thread in all (16 float4 for one operand, 8 for two).
+        reuse = sorted(cached_ops)
+        rcache = {0: 0, 1: 16, 2: 8}.get(len(reuse), 0) if info.max_level > 0 else 0
+        caches = [f"[[maybe_unused]] float4 cache{i}[{k.name}_RCACHE];" for i in reuse] if rcache else []
         main = [
             *self.desc_struct(info),
             "",
-            f"// {k.name}: row kernel ({info.max_level} passes) over {', '.join(k.origins)}; one block per row.",
-            "template <int VEC>",
-            f"__global__ void __launch_bounds__(1024) {k.name}_kernel(",
+            f"constexpr int {k.name}_RCACHE = {max(rcache, 1)};",
+            f"// {k.name}: row kernel ({info.max_level} passes, a block per row): {', '.join(k.origins)}",
+            "template <int VEC, bool CACHED>",
+            f"__global__ void __launch_bounds__({self.row_block}) {k.name}_kernel(",
             "    " + ",\n    ".join(main_params) + ") {",
             f"  __shared__ __align__(16) unsigned char smem[{smem_bytes}];",
             "  (void)smem;",
             *indent(self.scalar_setup(info), 2),
             "  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {",
-            *indent(row_body(accs), 4),
+            *indent(caches, 4),
+            *indent(body, 4),
             "  }",
             "}",
         ]
         split_ok = k.root_level == "row" and info.max_level == 1 and self.variant.split != "off"
         split_code: list[str] = []
         if split_ok:
-            split_code = self.row_split(info, element_pass, reduce_block, finalize, row_section, bases, scalar, row_load)
+            split_code = self.row_split(
+                info, element_pass, reduce_block, finalize, row_section, bases, scalar, row_load
+            )
         align = " && ".join(f"aligned16({p})" for p in [*self.contig_ptrs(info), "out"])
         vec_cond = f"{align} && cols % 4 == 0" if vec_ok else "false"
         rb = self.row_block
+        row_args = ", ".join(self.call_args(info, ["rows", "cols"]))
         launcher = [
             f"static void {k.name}_launch(",
             "    " + ",\n    ".join(self.launcher_params(info, ["int64_t rows", "int64_t cols"])) + ") {",
@@ -470,27 +566,41 @@ class CudaKernels:
                 "  if (rows < 2 * sm_count() && cols >= 8 * per_block) {",
                 "    const int64_t want = (4 * static_cast<int64_t>(sm_count()) + rows - 1) / rows;",
                 "    const int64_t splits = std::max<int64_t>(2, std::min<int64_t>(want, cols / per_block));",
-                f"    {k.name}_split(" + ", ".join(self.call_args(info, ["rows", "cols"])) + ", splits, threads, vec4, stream);",
+                f"    {k.name}_split("
+                + ", ".join(self.call_args(info, ["rows", "cols"]))
+                + ", splits, threads, vec4, stream);",
                 "    return;",
                 "  }",
             ]
         launcher += [
             "  const int64_t blocks = std::min<int64_t>(rows, static_cast<int64_t>(sm_count()) * 32);",
-            "  if (vec4)",
-            f"    {k.name}_kernel<4><<<blocks, threads, 0, stream>>>({', '.join(self.call_args(info, ['rows', 'cols']))});",
+            *(
+                [
+                    f"  if (vec4 && cols <= static_cast<int64_t>(threads) * 4 * {k.name}_RCACHE)",
+                    f"    {k.name}_kernel<4, true><<<blocks, threads, 0, stream>>>({row_args});",
+                    "  else if (vec4)",
+                ]
+                if rcache and vec_ok
+                else ["  if (vec4)"]
+            ),
+            f"    {k.name}_kernel<4, false><<<blocks, threads, 0, stream>>>({row_args});",
             "  else",
-            f"    {k.name}_kernel<1><<<blocks, threads, 0, stream>>>({', '.join(self.call_args(info, ['rows', 'cols']))});",
+            f"    {k.name}_kernel<1, false><<<blocks, threads, 0, stream>>>({row_args});",
             "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
             "}",
         ]
         return "\n".join([*main, "", *split_code, "", *launcher])
 
-    def row_split(self, info, element_pass, reduce_block, finalize, row_section, bases, scalar, row_load) -> list[str]:  # type: ignore[no-untyped-def]
+    def row_split(
+        self, info, element_pass, reduce_block, finalize, row_section, bases, scalar, row_load
+    ) -> list[str]:  # type: ignore[no-untyped-def]
         """Few long rows: stage 1 reduces chunks of each row in separate blocks, stage 2 combines them."""
         k = info.kernel
         reds = [r for r in info.reductions if r.level == 1]
         accs = {r.op.out: acc_type(r.op.fn, self.variant.acc, default_double=True) for r in reds}
-        structs = [f"struct {k.name}_part {{"] + [f"  {accs[r.op.out]} a{j};" for j, r in enumerate(reds)] + ["};"]
+        structs = (
+            [f"struct {k.name}_part {{"] + [f"  {accs[r.op.out]} a{j};" for j, r in enumerate(reds)] + ["};"]
+        )
         chunk_scope = Scope(self.g, info.ops, scalar, row_load)
         row_section(chunk_scope, 0)
         stage1_body = [
@@ -515,7 +625,9 @@ class CudaKernels:
             "",
             "template <int VEC>",
             f"__global__ void __launch_bounds__(1024) {k.name}_stage1(",
-            "    " + ",\n    ".join([*params, f"{k.name}_part* __restrict__ parts", "const int64_t splits"]) + ") {",
+            "    "
+            + ",\n    ".join([*params, f"{k.name}_part* __restrict__ parts", "const int64_t splits"])
+            + ") {",
             "  __shared__ __align__(16) unsigned char smem[512];",
             *indent(self.scalar_setup(info), 2),
             *indent(stage1_body, 2),
@@ -549,7 +661,9 @@ class CudaKernels:
         ]
         stage2 = [
             f"__global__ void __launch_bounds__(256) {k.name}_stage2(",
-            "    " + ",\n    ".join([*params, f"const {k.name}_part* __restrict__ parts", "const int64_t splits"]) + ") {",
+            "    "
+            + ",\n    ".join([*params, f"const {k.name}_part* __restrict__ parts", "const int64_t splits"])
+            + ") {",
             "  __shared__ __align__(16) unsigned char smem[512];",
             *indent(self.scalar_setup(info), 2),
             *indent(stage2_body, 2),
@@ -568,11 +682,14 @@ class CudaKernels:
             "cudaStream_t stream",
         ]
         args = self.call_args(info, ["rows", "cols"])
+        joined = ", ".join(args)
         host = [
             f"static void {k.name}_split(",
             "    " + ",\n    ".join(host_params) + ") {",
-            f"  at::Tensor scratch = at::empty({{static_cast<int64_t>(rows * splits * sizeof({k.name}_part))}},",
-            "                                   at::TensorOptions().dtype(at::kByte).device(at::kCUDA, c10::cuda::current_device()));",
+            f"  const int64_t bytes = static_cast<int64_t>(rows * splits * sizeof({k.name}_part));",
+            "  const auto byte_opts =",
+            "      at::TensorOptions().dtype(at::kByte).device(at::kCUDA, c10::cuda::current_device());",
+            "  at::Tensor scratch = at::empty({bytes}, byte_opts);",
             f"  auto* parts = reinterpret_cast<{k.name}_part*>(scratch.data_ptr<uint8_t>());",
             "  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(rows));",
             "  if (vec4)",
@@ -580,7 +697,7 @@ class CudaKernels:
             "  else",
             f"    {k.name}_stage1<1><<<grid, threads, 0, stream>>>({', '.join(args)}, parts, splits);",
             "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
-            f"  {k.name}_stage2<<<static_cast<unsigned>(rows), 256, 0, stream>>>({', '.join(args)}, parts, splits);",
+            f"  {k.name}_stage2<<<static_cast<unsigned>(rows), 256, 0, stream>>>({joined}, parts, splits);",
             "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
             "}",
         ]
@@ -606,7 +723,10 @@ class CudaKernels:
 
         accs = {r.op.out: acc_type(r.op.fn, self.variant.acc, default_double=False) for r in info.reductions}
         row_scope = Scope(self.g, info.ops, scalar, row_load)
-        lines = [f"const int64_t b{i} = stitch::row_off<int64_t>(D.d[{self.slot(info, i)}], r);" for i in info.general]
+        lines = [
+            f"const int64_t b{i} = stitch::row_off<int64_t>(D.d[{self.slot(info, i)}], r);"
+            for i in info.general
+        ]
         if k.root_level == "full":
             lines.append("const int64_t ob = stitch::row_off<int64_t>(odesc, r);")
 
@@ -622,10 +742,15 @@ class CudaKernels:
             reds = [r for r in info.reductions if r.level == level]
             inner = Scope(self.g, info.ops, scalar, element_load, parent=row_scope)
             ups = [
-                acc_update(r.op.fn, accs[r.op.out], "a_" + local_var(r.op.out), inner.need(r.op.args[0].id), "c")
+                acc_update(
+                    r.op.fn, accs[r.op.out], "a_" + local_var(r.op.out), inner.need(r.op.args[0].id), "c"
+                )
                 for r in reds
             ]
-            lines += [f"{accs[r.op.out]} a_{local_var(r.op.out)} = {acc_init(r.op.fn, accs[r.op.out])};" for r in reds]
+            lines += [
+                f"{accs[r.op.out]} a_{local_var(r.op.out)} = {acc_init(r.op.fn, accs[r.op.out])};"
+                for r in reds
+            ]
             lines += ["for (int64_t c = 0; c < cols; ++c) {", *indent([*inner.lines, *ups], 2), "}"]
             for r in reds:
                 name = local_var(r.op.out)
@@ -649,13 +774,15 @@ class CudaKernels:
                 *indent([*inner.lines, f"out[ob + stitch::col_off<int64_t>(odesc, c)] = {value};"], 2),
                 "}",
             ]
-        extra = ["const int64_t rows", "const int64_t cols"] + (["const stitch::Desc odesc"] if k.root_level == "full" else [])
+        extra = ["const int64_t rows", "const int64_t cols"] + (
+            ["const stitch::Desc odesc"] if k.root_level == "full" else []
+        )
         params = self.kernel_params(info, extra)
         block = self.block
         kernel = [
             *self.desc_struct(info),
             "",
-            f"// {k.name}: reduction over non-trailing dims ({info.max_level} passes) over {', '.join(k.origins)}.",
+            f"// {k.name}: reduction over inner dims ({info.max_level} passes): {', '.join(k.origins)}",
             f"__global__ void __launch_bounds__({block}) {k.name}_kernel(",
             "    " + ",\n    ".join(params) + ") {",
             *indent(self.scalar_setup(info), 2),
@@ -673,7 +800,8 @@ class CudaKernels:
             *indent(self.desc_fill(info), 2),
             "  if (rows == 0) return;",
             "  auto stream = at::cuda::getCurrentCUDAStream();",
-            f"  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((rows + {block - 1}) / {block}, "
+            "  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>("
+            f"(rows + {block - 1}) / {block}, "
             f"static_cast<int64_t>(sm_count()) * {max(2048 // block, 1)}));",
             f"  {k.name}_kernel<<<blocks, {block}, 0, stream>>>({', '.join(self.call_args(info, cextra))});",
             "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
@@ -710,15 +838,17 @@ class CudaKernels:
         ]
         lsizes = [f"int64_t I{d.upper()}" for d in dims] + [f"int64_t O{d.upper()}" for d in dims]
         csizes = [f"I{d.upper()}" for d in dims] + [f"O{d.upper()}" for d in dims]
+        pool_args = ", ".join(self.call_args(info, ["total", *csizes]))
         launcher = [
             f"static void {k.name}_launch(",
             "    " + ",\n    ".join(self.launcher_params(info, ["int64_t total", *lsizes])) + ") {",
             *indent(self.desc_fill(info), 2),
             "  if (total == 0) return;",
             "  auto stream = at::cuda::getCurrentCUDAStream();",
-            f"  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((total + {block - 1}) / {block}, "
+            "  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>("
+            f"(total + {block - 1}) / {block}, "
             f"static_cast<int64_t>(sm_count()) * {max(2048 // block, 1)}));",
-            f"  {k.name}_kernel<<<blocks, {block}, 0, stream>>>({', '.join(self.call_args(info, ['total', *csizes]))});",
+            f"  {k.name}_kernel<<<blocks, {block}, 0, stream>>>({pool_args});",
             "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
             "}",
         ]
@@ -745,7 +875,7 @@ def emit(program: Program, variant: Variant, ext_name: str) -> tuple[str, list[s
     source = "\n".join(
         [
             f"// {ext_name}: synthesized by StitchCUDA's built-in coder (CUDA backend).",
-            "// One extension, one entry point; every kernel is launched from forward() on the caller's stream.",
+            "// One extension, one entry point; forward() launches every kernel on the caller's stream.",
             f'#include "{HEADER_NAME}"',
             "",
             "#include <ATen/cuda/CUDAContext.h>",

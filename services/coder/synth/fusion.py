@@ -101,7 +101,9 @@ def prepare(graph: Graph, variant: Variant) -> Graph:
     rename: dict[str, str] = {}
     for op in graph.ops:
         op.args = [Ref(rename.get(a.id, a.id)) if isinstance(a, Ref) else a for a in op.args]
-        split_linear = op.kind == LIB and op.fn == "linear" and op.attrs.get("bias") and variant.gemm_bias == "epilogue"
+        split_linear = (
+            op.kind == LIB and op.fn == "linear" and op.attrs.get("bias") and variant.gemm_bias == "epilogue"
+        )
         split_conv = (
             op.kind == LIB
             and op.fn.startswith("conv")
@@ -121,7 +123,8 @@ def prepare(graph: Graph, variant: Variant) -> Graph:
                 view_shape = (c,) + (1,) * (len(out.shape) - 2)
                 vid = _fresh(graph, op.out + "_bias")
                 graph.values[vid] = Value(vid, "tensor", view_shape, contiguous_strides(view_shape))
-                view = Op(VIEW, "reshape", vid, [bias], {"shape": list(view_shape)}, origin=op.origin)
+                dyn = [-1] + [1] * (len(out.shape) - 2)
+                view = Op(VIEW, "reshape", vid, [bias], {"shape": dyn}, origin=op.origin)
                 ops.append(view)
                 graph.producer[vid] = view
                 bias = Ref(vid)
@@ -270,7 +273,11 @@ class Fuser:
             for a in anchors:
                 if a in reductions or a in rejected:
                     continue
-                if self.g.producer[a].kind == REDUCE and self.domain_of(a) == key and a not in self.materialized:
+                if (
+                    self.g.producer[a].kind == REDUCE
+                    and self.domain_of(a) == key
+                    and a not in self.materialized
+                ):
                     reductions.append(a)
                     frontier.append(self.g.producer[a].args[0].id)
                 else:
@@ -283,7 +290,11 @@ class Fuser:
             _, anchors, _ = self.closure([root_op.args[0].id], set(), top=False)
             return root, set(anchors)
         _, anchors, _ = self.closure([root], set())
-        pools = [a for a in anchors if self.g.producer[a].kind == POOL and self.g.values[a].shape == self.g.values[root].shape]
+        pools = [
+            a
+            for a in anchors
+            if self.g.producer[a].kind == POOL and self.g.values[a].shape == self.g.values[root].shape
+        ]
         if len(pools) != 1 or any(self.g.producer[a].kind == REDUCE for a in anchors):
             return None, set(anchors)
         pool = pools[0]
@@ -477,7 +488,9 @@ def _check_inplace(steps: list[Step]) -> None:
         if k is None or not k.inplace:
             continue
         for later in steps[i + 1 :]:
-            reads = [o.id for o in later.kernel.operands] if later.kernel else later.op.refs() if later.op else []
+            reads = (
+                [o.id for o in later.kernel.operands] if later.kernel else later.op.refs() if later.op else []
+            )
             if k.inplace in reads:
                 k.inplace = ""
                 break

@@ -24,9 +24,11 @@ at::Tensor stitch_linear(const at::Tensor& x, const at::Tensor& w, const c10::op
 
 # ---- custom GEMM / conv: shared host wrappers --------------------------------------------------------------
 CUSTOM_WRAPPERS = r"""
-// C[b] = A[b] @ B[b] (+ bias) for strided [batch, M, K] and [batch, K, N] views; C is contiguous.
+// C[b] = A[b] @ B[b] (+ bias) for strided [batch, M, K] and [batch, K, N] views.
+// C is contiguous.
 at::Tensor stitch_bgemm(const at::Tensor& A, const at::Tensor& B, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(A.dim() == 3 && B.dim() == 3 && A.size(0) == B.size(0) && A.size(2) == B.size(1), "gemm shapes");
+  TORCH_CHECK(A.dim() == 3 && B.dim() == 3, "gemm operands must be 3-D");
+  TORCH_CHECK(A.size(0) == B.size(0) && A.size(2) == B.size(1), "gemm shapes");
   const int64_t batch = A.size(0), M = A.size(1), K = A.size(2), N = B.size(2);
   at::Tensor C = at::empty({batch, M, N}, A.options());
   const float* bptr = nullptr;
@@ -96,7 +98,8 @@ at::Tensor stitch_conv2d(const at::Tensor& x0, const at::Tensor& w, const c10::o
     bias_c = bias->contiguous();
     bptr = bias_c.data_ptr<float>();
   }
-  stitch_conv2d_launch(x.data_ptr<float>(), wc.data_ptr<float>(), bptr, y.data_ptr<float>(), N, C, H, W, CO, KH,
+  stitch_conv2d_launch(x.data_ptr<float>(), wc.data_ptr<float>(), bptr, y.data_ptr<float>(), N, C, H, W,
+      CO, KH,
                        KW, OH, OW, stride[0], stride[1], pad[0], pad[1], dil[0], dil[1], groups);
   return batched ? y : y.squeeze(0);
 }
@@ -112,7 +115,8 @@ at::Tensor stitch_conv1d(const at::Tensor& x, const at::Tensor& w, const c10::op
 
 CPU_KERNELS = r"""
 // Custom GEMM (CPU): one task per output row; rows of B contiguous -> axpy form, else dot products.
-static void stitch_gemm_launch(const float* A, const float* B, const float* bias, float* C, int64_t batch, int64_t M,
+static void stitch_gemm_launch(const float* A, const float* B, const float* bias, float* C,
+    int64_t batch, int64_t M,
                                int64_t N, int64_t K, int64_t sAb, int64_t sAm, int64_t sAk, int64_t sBb,
                                int64_t sBk, int64_t sBn) {
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(N * K, 1));
@@ -135,7 +139,8 @@ static void stitch_gemm_launch(const float* A, const float* B, const float* bias
         for (int64_t n = 0; n < N; ++n) {
           const float* bcol = bb + n * sBn;
           double s = 0.0;
-          for (int64_t k = 0; k < K; ++k) s += static_cast<double>(a[k * sAk]) * static_cast<double>(bcol[k * sBk]);
+          for (int64_t k = 0; k < K; ++k)
+            s += static_cast<double>(a[k * sAk]) * static_cast<double>(bcol[k * sBk]);
           c[n] = static_cast<float>(s + (bias ? bias[n] : 0.0));
         }
       }
@@ -144,8 +149,10 @@ static void stitch_gemm_launch(const float* A, const float* B, const float* bias
 }
 
 // Direct convolution (CPU): one task per (image, output channel) plane.
-static void stitch_conv2d_launch(const float* x, const float* w, const float* bias, float* y, int64_t N, int64_t C,
-                                 int64_t H, int64_t W, int64_t CO, int64_t KH, int64_t KW, int64_t OH, int64_t OW,
+static void stitch_conv2d_launch(const float* x, const float* w, const float* bias, float* y, int64_t N,
+    int64_t C,
+                                 int64_t H, int64_t W, int64_t CO, int64_t KH, int64_t KW, int64_t OH,
+                                     int64_t OW,
                                  int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
                                  int64_t groups) {
   const int64_t cg = C / groups, cog = CO / groups;
@@ -182,8 +189,10 @@ CUDA_KERNELS = r"""
 // operands' contiguous dimension, a 4x4 register tile per thread, the bias added in the store.
 constexpr int GBM = 64, GBN = 64, GBK = 16;
 __global__ void __launch_bounds__(256) stitch_gemm_kernel(
-    const float* __restrict__ A, const float* __restrict__ B, const float* __restrict__ bias, float* __restrict__ C,
-    int64_t M, int64_t N, int64_t K, int64_t sAb, int64_t sAm, int64_t sAk, int64_t sBb, int64_t sBk, int64_t sBn) {
+    const float* __restrict__ A, const float* __restrict__ B, const float* __restrict__ bias,
+        float* __restrict__ C,
+    int64_t M, int64_t N, int64_t K, int64_t sAb, int64_t sAm, int64_t sAk, int64_t sBb, int64_t sBk,
+        int64_t sBn) {
   __shared__ __align__(16) float As[GBK][GBM + 4];
   __shared__ __align__(16) float Bs[GBK][GBN + 4];
   const int tid = threadIdx.x;
@@ -232,21 +241,24 @@ __global__ void __launch_bounds__(256) stitch_gemm_kernel(
   }
 }
 
-static void stitch_gemm_launch(const float* A, const float* B, const float* bias, float* C, int64_t batch, int64_t M,
+static void stitch_gemm_launch(const float* A, const float* B, const float* bias, float* C,
+    int64_t batch, int64_t M,
                                int64_t N, int64_t K, int64_t sAb, int64_t sAm, int64_t sAk, int64_t sBb,
                                int64_t sBk, int64_t sBn) {
   if (batch == 0 || M == 0 || N == 0) return;
   TORCH_CHECK(batch <= 65535, "custom gemm: batch too large");
   const dim3 grid(static_cast<unsigned>((N + GBN - 1) / GBN), static_cast<unsigned>((M + GBM - 1) / GBM),
                   static_cast<unsigned>(batch));
-  stitch_gemm_kernel<<<grid, 256, 0, at::cuda::getCurrentCUDAStream()>>>(A, B, bias, C, M, N, K, sAb, sAm, sAk,
+  stitch_gemm_kernel<<<grid, 256, 0, at::cuda::getCurrentCUDAStream()>>>(A, B, bias, C, M, N, K, sAb,
+      sAm, sAk,
                                                                            sBb, sBk, sBn);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // Direct convolution (CUDA): one thread per output element.
 __global__ void __launch_bounds__(256) stitch_conv2d_kernel(
-    const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y,
+    const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
+        float* __restrict__ y,
     int64_t N, int64_t C, int64_t H, int64_t W, int64_t CO, int64_t KH, int64_t KW, int64_t OH, int64_t OW,
     int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t groups) {
   const int64_t total = N * CO * OH * OW;
@@ -272,15 +284,19 @@ __global__ void __launch_bounds__(256) stitch_conv2d_kernel(
   }
 }
 
-static void stitch_conv2d_launch(const float* x, const float* w, const float* bias, float* y, int64_t N, int64_t C,
-                                 int64_t H, int64_t W, int64_t CO, int64_t KH, int64_t KW, int64_t OH, int64_t OW,
+static void stitch_conv2d_launch(const float* x, const float* w, const float* bias, float* y, int64_t N,
+    int64_t C,
+                                 int64_t H, int64_t W, int64_t CO, int64_t KH, int64_t KW, int64_t OH,
+                                     int64_t OW,
                                  int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
                                  int64_t groups) {
   const int64_t total = N * CO * OH * OW;
   if (total == 0) return;
   const int64_t blocks = std::min<int64_t>((total + 255) / 256, static_cast<int64_t>(sm_count()) * 8);
-  stitch_conv2d_kernel<<<blocks, 256, 0, at::cuda::getCurrentCUDAStream()>>>(x, w, bias, y, N, C, H, W, CO, KH, KW,
-                                                                             OH, OW, sh, sw, ph, pw, dh, dw, groups);
+  stitch_conv2d_kernel<<<blocks, 256, 0, at::cuda::getCurrentCUDAStream()>>>(x, w, bias, y, N, C, H, W,
+      CO, KH, KW,
+                                                                             OH, OW, sh, sw, ph, pw, dh,
+                                                                                 dw, groups);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 """
@@ -300,7 +316,8 @@ static void stitch_causal_fill(at::Tensor& scores) {
 """
 
 CAUSAL_CUDA = r"""
-__global__ void __launch_bounds__(256) stitch_causal_kernel(float* __restrict__ p, int64_t L, int64_t S, int64_t total) {
+__global__ void __launch_bounds__(256) stitch_causal_kernel(float* __restrict__ p, int64_t L, int64_t S,
+    int64_t total) {
   for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;
        o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t j = o % S, i = (o / S) % L;
@@ -313,7 +330,8 @@ static void stitch_causal_fill(at::Tensor& scores) {
   const int64_t total = scores.numel();
   if (total == 0) return;
   const int64_t blocks = std::min<int64_t>((total + 255) / 256, static_cast<int64_t>(sm_count()) * 8);
-  stitch_causal_kernel<<<blocks, 256, 0, at::cuda::getCurrentCUDAStream()>>>(scores.data_ptr<float>(), scores.size(-2),
+  stitch_causal_kernel<<<blocks, 256, 0, at::cuda::getCurrentCUDAStream()>>>(scores.data_ptr<float>(),
+      scores.size(-2),
                                                                             scores.size(-1), total);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

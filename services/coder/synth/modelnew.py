@@ -49,7 +49,9 @@ def parse_reference(source: str) -> Reference:
                 imports[alias.asname or alias.name.split(".")[0]] = ast.Import(names=[alias])
         elif isinstance(stmt, ast.ImportFrom):
             for alias in stmt.names:
-                imports[alias.asname or alias.name] = ast.ImportFrom(module=stmt.module, names=[alias], level=stmt.level)
+                imports[alias.asname or alias.name] = ast.ImportFrom(
+                    module=stmt.module, names=[alias], level=stmt.level
+                )
         elif isinstance(stmt, ast.ClassDef | ast.FunctionDef) and stmt.name not in PROBLEM_NAMES:
             defs[stmt.name] = stmt
     return Reference(tree, model, methods.get("__init__"), methods["forward"], imports, defs)
@@ -185,9 +187,11 @@ def build_source(
         elif name in PROBLEM_NAMES:
             raise Unsupported(f"the constructor refers to {name}")
         else:
-            raise Unsupported(f"the constructor reads the module-level name {name!r}, which is not a constant")
+            raise Unsupported(
+                f"the constructor reads the module-level name {name!r}, which is not a constant"
+            )
     header = [f'"""{doc}"""', "", "import torch"]
-    for name, stmt in imports.items():
+    for stmt in imports.values():
         text = ast.unparse(stmt)
         if text != "import torch":
             header.append(text)
@@ -199,7 +203,11 @@ def build_source(
     args = forward_args(ref)
     if graph is None:
         call = "raise NotImplementedError"
-        fwd = f"    def forward(self, {', '.join(args)}):\n        {call}" if args else "    def forward(self):\n        raise NotImplementedError"
+        fwd = (
+            f"    def forward(self, {', '.join(args)}):\n        {call}"
+            if args
+            else "    def forward(self):\n        raise NotImplementedError"
+        )
     else:
         call_args = [name for _, name in graph.inputs]
         call_args += [attribute_expr(path) for path in graph.params.values()]

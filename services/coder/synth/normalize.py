@@ -380,9 +380,11 @@ class Normalizer:
         meta = self.meta_value(node.name, node.meta)
         index = args[1] if isinstance(args[1], list) else [args[1]]
         for item in index:
-            if isinstance(item, Ref) or (isinstance(item, tuple) and any(isinstance(x, Ref) for x in item)):
-                if not (isinstance(item, Ref) and self.g.values[item.id].kind == "int"):
-                    raise Unsupported(f"{node.name}: tensor indexing with tensors")
+            dynamic = isinstance(item, Ref) or (
+                isinstance(item, tuple) and any(isinstance(x, Ref) for x in item)
+            )
+            if dynamic and not (isinstance(item, Ref) and self.g.values[item.id].kind == "int"):
+                raise Unsupported(f"{node.name}: tensor indexing with tensors")
         return self.view_op("index", args[0], {"index": index}, meta.shape, node.name)
 
     # Elementwise with special argument handling.
@@ -415,10 +417,14 @@ class Normalizer:
     fn_divide = fn_div
 
     def fn_floordiv(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
-        return self.emit_ew("div_floor", [self.scalar(args[0]), self.scalar(args[1])], [], node.name, node.name)
+        return self.emit_ew(
+            "div_floor", [self.scalar(args[0]), self.scalar(args[1])], [], node.name, node.name
+        )
 
     def fn_mod(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
-        return self.emit_ew("remainder", [self.scalar(args[0]), self.scalar(args[1])], [], node.name, node.name)
+        return self.emit_ew(
+            "remainder", [self.scalar(args[0]), self.scalar(args[1])], [], node.name, node.name
+        )
 
     def fn_pow(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
         base = self.scalar(args[0] if args else kwargs.get("input", kwargs.get("self")))
@@ -492,14 +498,15 @@ class Normalizer:
 
     def _max_min(self, node: TracedNode, which: str, args: list[Any], kwargs: dict[str, Any]) -> Ref | None:
         other = args[1] if len(args) > 1 else kwargs.get("dim", kwargs.get("other"))
-        if other is not None and (self.is_tensor(other) or node.meta.get("kind") == "tensor"):
-            if self.is_tensor(other):
-                fn = "maximum" if which == "max" else "minimum"
-                return self.emit_ew(fn, [args[0], other], [], node.name, node.name)
+        if other is not None and self.is_tensor(other):
+            fn = "maximum" if which == "max" else "minimum"
+            return self.emit_ew(fn, [args[0], other], [], node.name, node.name)
         x = args[0]
         rank = len(self.shape_of(x))
         if other is None:
-            return self.reduce("amax" if which == "max" else "amin", x, norm_dims(None, rank), False, node.name)
+            return self.reduce(
+                "amax" if which == "max" else "amin", x, norm_dims(None, rank), False, node.name
+            )
         dim = self.literal(other)
         keepdim = bool(self.literal(kwargs.get("keepdim", args[2] if len(args) > 2 else Const(False))))
         dims = norm_dims(dim, rank)
@@ -600,6 +607,12 @@ class Normalizer:
         self.g.add_op(Op(HOST, "count", ident, [x], {"dims": list(dims)}, origin=origin))
         return Ref(ident)
 
+    def host_int(self, fn: str, args: list[Any], traced: int, origin: str) -> Ref:
+        ident = self.fresh(origin)
+        self.g.add_value(Value(ident, "int", const=traced))
+        self.g.add_op(Op(HOST, fn, ident, args, origin=origin))
+        return Ref(ident)
+
     def host_binary(self, fn: str, a: Any, b: Any, origin: str, traced: float) -> Ref:
         ident = self.fresh(origin)
         self.g.add_value(Value(ident, "float", const=traced))
@@ -617,10 +630,16 @@ class Normalizer:
         x, dims, keep = self._reduce_args(args, kwargs)
         m = self.reduce("amax", x, dims, True, node.name)
         # A row of -inf keeps its max out of the subtraction (as torch does).
-        safe = self.emit_ew("where", [self.emit_ew("isinf", [m], [], node.name), Const(0.0), m], [], node.name)
+        safe = self.emit_ew(
+            "where", [self.emit_ew("isinf", [m], [], node.name), Const(0.0), m], [], node.name
+        )
         e = self.emit_ew("exp", [self.emit_ew("sub", [x, safe], [], node.name)], [], node.name)
         s = self.reduce("sum", e, dims, keep, node.name)
-        safe_k = safe if keep else self.view_op("squeeze_dims", safe, {"dims": list(dims)}, self.shape_of(s), node.name)
+        safe_k = (
+            safe
+            if keep
+            else self.view_op("squeeze_dims", safe, {"dims": list(dims)}, self.shape_of(s), node.name)
+        )
         return self.emit_ew("add", [self.emit_ew("log", [s], [], node.name), safe_k], [], node.name)
 
     def fn_norm(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
@@ -688,7 +707,8 @@ class Normalizer:
             return None
         c = self.shape_of(p)[0]
         shape = (c,) + (1,) * (rank - 2)
-        return self.view_op("reshape", p, {"shape": list(shape)}, shape, origin)
+        # -1, never the traced size: the program must run at any channel count.
+        return self.view_op("reshape", p, {"shape": [-1] + [1] * (rank - 2)}, shape, origin)
 
     def batch_norm_eval(
         self, x: Ref, mean: Ref, var: Ref, weight: Ref | None, bias: Ref | None, eps: Arg, origin: str
@@ -732,17 +752,24 @@ class Normalizer:
             raise Unsupported(f"{origin}: {c} channels do not split into {groups} groups")
         rest = math.prod(shape[2:])
         gshape = (n, groups, c // groups, rest)
-        xv = self.view_op("reshape", x, {"shape": [shape[0], groups, c // groups, -1]}, gshape, origin)
+        n_dim = self.host_int("size", [x, Const(0)], shape[0], origin)
+        c_dim = self.host_int("size", [x, Const(1)], c, origin)
+        per_group = self.host_int("floordiv", [c_dim, Const(groups)], c // groups, origin)
+        xv = self.view_op("reshape", x, {"shape": [n_dim, Const(groups), per_group, Const(-1)]}, gshape, origin)
         mean = self.reduce("mean", xv, (2, 3), True, origin)
         d = self.emit_ew("sub", [xv, mean], [], origin)
         var = self.reduce("mean", self.emit_ew("mul", [d, d], [], origin), (2, 3), True, origin)
         rstd = self.emit_ew("rsqrt", [self.emit_ew("add", [var, eps], [], origin)], [], origin)
         y = self.emit_ew("mul", [d, rstd], [], origin)
         if weight is not None:
-            wv = self.view_op("reshape", weight, {"shape": [groups, c // groups, 1]}, (groups, c // groups, 1), origin)
+            wv = self.view_op(
+                "reshape", weight, {"shape": [groups, -1, 1]}, (groups, c // groups, 1), origin
+            )
             y = self.emit_ew("mul", [y, wv], [], origin)
         if bias is not None:
-            bv = self.view_op("reshape", bias, {"shape": [groups, c // groups, 1]}, (groups, c // groups, 1), origin)
+            bv = self.view_op(
+                "reshape", bias, {"shape": [groups, -1, 1]}, (groups, c // groups, 1), origin
+            )
             y = self.emit_ew("add", [y, bv], [], origin)
         return self.view_op("reshape_like", y, {"like": x}, shape, origin)
 
@@ -778,11 +805,26 @@ class Normalizer:
             raise Unsupported(f"{node.name}: batch_norm without running statistics")
         eps = self.scalar(got.get("eps"), 1e-5)
         return self.batch_norm_eval(
-            got["input"], got["running_mean"], got["running_var"], got.get("weight"), got.get("bias"), eps, node.name
+            got["input"],
+            got["running_mean"],
+            got["running_var"],
+            got.get("weight"),
+            got.get("bias"),
+            eps,
+            node.name,
         )
 
     def fn_instance_norm(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
-        names = ["input", "running_mean", "running_var", "weight", "bias", "use_input_stats", "momentum", "eps"]
+        names = [
+            "input",
+            "running_mean",
+            "running_var",
+            "weight",
+            "bias",
+            "use_input_stats",
+            "momentum",
+            "eps",
+        ]
         got = dict(zip(names, args, strict=False)) | kwargs
         if got.get("running_mean") is not None or not self.literal(got.get("use_input_stats", Const(True))):
             raise Unsupported(f"{node.name}: instance_norm with running statistics")
@@ -931,7 +973,15 @@ class Normalizer:
         elif fn.startswith("max"):
             names = ["input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"]
         else:
-            names = ["input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"]
+            names = [
+                "input",
+                "kernel_size",
+                "stride",
+                "padding",
+                "ceil_mode",
+                "count_include_pad",
+                "divisor_override",
+            ]
         got = dict(zip(names, args, strict=False)) | kwargs
         return self.pool(node, fn, got["input"], self.pool_attrs(fn, got))
 
@@ -952,7 +1002,9 @@ class Normalizer:
         if node.meta.get("kind") != "list":
             raise Unsupported(f"{node.name}: {fn} did not return a list")
         self.g.add_value(Value(node.name, "list", const=node.meta.get("items")))
-        self.g.add_op(Op(VIEW, fn, node.name, [args[0]], {"args": args[1:], "kwargs": kwargs}, origin=node.name))
+        self.g.add_op(
+            Op(VIEW, fn, node.name, [args[0]], {"args": args[1:], "kwargs": kwargs}, origin=node.name)
+        )
 
     def fn_chunk(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> None:
         self._list_view(node, "chunk", args, kwargs)
@@ -963,7 +1015,9 @@ class Normalizer:
     def fn_unbind(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> None:
         self._list_view(node, "unbind", args, kwargs)
 
-    def fn_scaled_dot_product_attention(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+    def fn_scaled_dot_product_attention(
+        self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]
+    ) -> Ref:
         names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"]
         got = dict(zip(names, args, strict=False)) | kwargs
         if self.literal(got.get("dropout_p", Const(0.0))):
@@ -981,7 +1035,7 @@ class Normalizer:
         qs, ks = self.shape_of(q), self.shape_of(k)
         kt_shape = (*ks[:-2], ks[-1], ks[-2])
         kt = self.view_op("transpose", k, {"args": [Const(-2), Const(-1)], "kwargs": {}}, kt_shape, node.name)
-        scores_shape = broadcast_shapes(qs[:-2], ks[:-2]) + (qs[-2], ks[-2])
+        scores_shape = (*broadcast_shapes(qs[:-2], ks[:-2]), qs[-2], ks[-2])
         sid = self.fresh(node.name)
         self.g.add_value(Value(sid, "tensor", scores_shape, contiguous_strides(scores_shape)))
         self.g.add_op(Op(LIB, "matmul", sid, [q, kt], {"causal": causal}, origin=node.name))
@@ -1021,7 +1075,9 @@ class Normalizer:
                 self.define(node, self.emit_ew("clamp", [x, *params], [], node.name, node.name))
                 return
             if cls == "ReLU6":
-                self.define(node, self.emit_ew("clamp", [x, Const(0.0), Const(6.0)], [], node.name, node.name))
+                self.define(
+                    node, self.emit_ew("clamp", [x, Const(0.0), Const(6.0)], [], node.name, node.name)
+                )
                 return
             params = [self.mod_attr(node, k) for k in keys]
             self.define(node, self.emit_ew(fn, [x], params, node.name, node.name))
@@ -1041,7 +1097,9 @@ class Normalizer:
             self.define(node, self.softmax_of(x, int(a["dim"]), node.name, log=cls == "LogSoftmax"))
             return
         if cls == "Linear":
-            self.define(node, self.linear(node, x, self.module_param(node, "weight"), self.module_param(node, "bias")))  # type: ignore[arg-type]
+            self.define(
+                node, self.linear(node, x, self.module_param(node, "weight"), self.module_param(node, "bias"))
+            )  # type: ignore[arg-type]
             return
         if cls in ("Conv1d", "Conv2d", "Conv3d"):
             if a.get("padding_mode", "zeros") != "zeros":
@@ -1064,7 +1122,9 @@ class Normalizer:
             shape = a.get("normalized_shape")
             ndims = len(shape) if isinstance(shape, list) else 1
             eps = self.mod_attr(node, "eps")
-            y = self.layer_norm(x, ndims, self.module_param(node, "weight"), self.module_param(node, "bias"), eps, node.name)
+            y = self.layer_norm(
+                x, ndims, self.module_param(node, "weight"), self.module_param(node, "bias"), eps, node.name
+            )
             self.define(node, y)
             return
         if cls == "RMSNorm":
@@ -1076,7 +1136,12 @@ class Normalizer:
         if cls == "GroupNorm":
             eps = self.mod_attr(node, "eps")
             y = self.group_norm(
-                x, int(a["num_groups"]), self.module_param(node, "weight"), self.module_param(node, "bias"), eps, node.name
+                x,
+                int(a["num_groups"]),
+                self.module_param(node, "weight"),
+                self.module_param(node, "bias"),
+                eps,
+                node.name,
             )
             self.define(node, y)
             return
@@ -1088,7 +1153,13 @@ class Normalizer:
                 raise Unsupported(f"{node.name}: batch norm without running statistics")
             eps = self.mod_attr(node, "eps")
             y = self.batch_norm_eval(
-                x, mean, var, self.module_param(node, "weight"), self.module_param(node, "bias"), eps, node.name
+                x,
+                mean,
+                var,
+                self.module_param(node, "weight"),
+                self.module_param(node, "bias"),
+                eps,
+                node.name,
             )
             self.define(node, y)
             return
@@ -1096,7 +1167,9 @@ class Normalizer:
             if a.get("track_running_stats") and not mod.get("training"):
                 raise Unsupported(f"{node.name}: instance norm with running statistics")
             eps = self.mod_attr(node, "eps")
-            y = self.instance_norm(x, self.module_param(node, "weight"), self.module_param(node, "bias"), eps, node.name)
+            y = self.instance_norm(
+                x, self.module_param(node, "weight"), self.module_param(node, "bias"), eps, node.name
+            )
             self.define(node, y)
             return
         if cls in ("MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d"):
@@ -1116,12 +1189,17 @@ class Normalizer:
         if cls == "Flatten":
             self.define(
                 node,
-                self._view(node, "flatten", [x, Const(a.get("start_dim", 1)), Const(a.get("end_dim", -1))], {}),
+                self._view(
+                    node, "flatten", [x, Const(a.get("start_dim", 1)), Const(a.get("end_dim", -1))], {}
+                ),
             )
             return
         if cls == "Unflatten":
             self.define(
-                node, self._view(node, "unflatten", [x, Const(a["dim"]), [Const(s) for s in a["unflattened_size"]]], {})
+                node,
+                self._view(
+                    node, "unflatten", [x, Const(a["dim"]), [Const(s) for s in a["unflattened_size"]]], {}
+                ),
             )
             return
         raise Unsupported(f"{node.name}: module {cls} has no lowering")
@@ -1149,10 +1227,17 @@ class Normalizer:
             raise Unsupported(f"{node.name}: unexpected LSTM result")
         out = self.meta_value(node.name + "_out", out_meta)
         self.g.add_value(out)
-        attrs = {"layers": layers, "bias": bias, "hidden": int(a["hidden_size"]), "batch_first": bool(a.get("batch_first"))}
+        attrs = {
+            "layers": layers,
+            "bias": bias,
+            "hidden": int(a["hidden_size"]),
+            "batch_first": bool(a.get("batch_first")),
+        }
         self.g.add_op(Op(LIB, "lstm", out.id, [x, *weights], attrs, origin=node.name))
         self.g.add_value(Value(node.name, "list", const=[out.id, None]))
-        self.g.add_op(Op(HOST, "tuple", node.name, [Ref(out.id), "the LSTM's final (h, c) states"], origin=node.name))
+        self.g.add_op(
+            Op(HOST, "tuple", node.name, [Ref(out.id), "the LSTM's final (h, c) states"], origin=node.name)
+        )
 
 
 def _install_view_handlers() -> None:

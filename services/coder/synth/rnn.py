@@ -104,7 +104,8 @@ def cuda_helper(*, custom: bool = False) -> str:
             [
                 "// lstm_cell: one LSTM time step, one thread per (batch, hidden) element.",
                 f"__global__ void __launch_bounds__(256) lstm_cell_kernel({CELL_PARAMS}) {{",
-                "  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < B * H;",
+                "  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;",
+                "       idx < B * H;",
                 "       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {",
                 "    const int64_t b = idx / H;",
                 "    const int64_t j = idx - b * H;",

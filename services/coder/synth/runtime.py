@@ -4,7 +4,7 @@ from __future__ import annotations
 
 HEADER_NAME = "stitch_runtime.h"
 
-HEADER = r"""// stitch_runtime.h: shared by the host code and the kernels of a StitchCUDA-synthesized extension.
+HEADER = r"""// stitch_runtime.h: shared by the host code and the kernels of a synthesized extension.
 #pragma once
 #include <torch/extension.h>
 
@@ -135,7 +135,8 @@ inline int64_t prod(const std::vector<int64_t>& s, const std::vector<int>& dims)
   return p;
 }
 
-inline std::vector<int64_t> reduced(const std::vector<int64_t>& s, const std::vector<int>& dims, bool keepdim) {
+inline std::vector<int64_t> reduced(const std::vector<int64_t>& s, const std::vector<int>& dims,
+    bool keepdim) {
   std::vector<int64_t> out;
   for (int i = 0; i < static_cast<int>(s.size()); ++i) {
     bool red = false;

@@ -77,7 +77,9 @@ class Synthesizer:
             return cached
         # ModelNew's constructor is checked against the reference's own parameters and buffers
         # (same seed, same values) in the tracing process.
-        init_source = build_source(reference_source, None, [], None, ext_name="unused", doc="constructor check")
+        init_source = build_source(
+            reference_source, None, [], None, ext_name="unused", doc="constructor check"
+        )
         if self.in_process:
             from stitchcuda.coder.synth import trace_worker
 
@@ -86,7 +88,9 @@ class Synthesizer:
             traced = run_trace(reference_source, init_source=init_source, timeout_s=self.trace_timeout_s)
         check = traced.init_check or {}
         if not check.get("ok", False):
-            raise Unsupported(f"ModelNew's constructor does not reproduce Model's state: {check.get('detail')}")
+            raise Unsupported(
+                f"ModelNew's constructor does not reproduce Model's state: {check.get('detail')}"
+            )
         self._traces.put(key, traced)
         return traced
 
@@ -106,9 +110,9 @@ class Synthesizer:
         backend = target_of(plan, device)
         trace = self.trace(reference_source)
         graph, program = self.lower(trace, variant, plan)
-        digest = hashlib.sha256(
-            f"{reference_source}\0{backend}\0{variant.signature()}".encode()
-        ).hexdigest()[:12]
+        digest = hashlib.sha256(f"{reference_source}\0{backend}\0{variant.signature()}".encode()).hexdigest()[
+            :12
+        ]
         ext_name = f"stitch_{digest}"
         if backend == "cuda":
             from stitchcuda.coder.synth import cuda
@@ -129,7 +133,9 @@ class Synthesizer:
             f"ModelNew synthesized by StitchCUDA's built-in coder ({backend}): "
             f"{len(program.kernels)} fused kernel(s) in extension {ext_name}."
         )
-        model_new = build_source(reference_source, graph, program.attrs, trace.globals, ext_name=ext_name, doc=doc)
+        model_new = build_source(
+            reference_source, graph, program.attrs, trace.globals, ext_name=ext_name, doc=doc
+        )
         files = {ENTRY: model_new, HEADER_NAME: HEADER, forward_file: source}
         build = code_pb2.BuildManifest(
             extension_name=ext_name,

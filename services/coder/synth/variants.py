@@ -20,7 +20,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "row_block": ("512", "256", "1024"),
     # Elements per CUDA thread access (float4 loads when 4).
     "vec": ("4", "1"),
-    # auto: the synthesizer's own fusion; plan: never fuse across the plan's subtasks; none: one op per kernel.
+    # auto: the synthesizer's fusion; plan: never fuse across the plan's subtasks; none: one op per kernel.
     "fusion": ("auto", "plan", "none"),
     # GEMMs and convolutions: the vendor library (through ATen) with custom epilogue kernels, or the
     # synthesizer's own kernels (tiled GEMM, direct convolution).
@@ -116,7 +116,9 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
         worst = verdict.correctness.max_rel_l2
         tol = verdict.correctness.tolerance
         if previous.acc != "double" and (tol > 0 and worst < 100 * tol):
-            out.append((previous.with_(acc="double"), f"close miss (rel_l2 {worst:.2e} vs {tol:.2e}): double sums"))
+            out.append(
+                (previous.with_(acc="double"), f"close miss (rel_l2 {worst:.2e} vs {tol:.2e}): double sums")
+            )
         if previous.fusion != "none":
             out.append((previous.with_(fusion="none"), "mismatch: isolate the ops in separate kernels"))
         if previous.vec != "1":
@@ -129,9 +131,13 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
             why = "library calls rejected" if library_flagged else "custom-kernel share too low"
             out.append((previous.with_(gemm="custom"), f"{why}: own GEMM/convolution kernels"))
         if previous.gemm_bias != "epilogue":
-            out.append((previous.with_(gemm_bias="epilogue"), "custom-kernel share too low: bias in epilogue"))
+            out.append(
+                (previous.with_(gemm_bias="epilogue"), "custom-kernel share too low: bias in epilogue")
+            )
         if previous.conv_bias != "epilogue":
-            out.append((previous.with_(conv_bias="epilogue"), "custom-kernel share too low: conv bias in epilogue"))
+            out.append(
+                (previous.with_(conv_bias="epilogue"), "custom-kernel share too low: conv bias in epilogue")
+            )
     bound = verdict.profile.bound or ""
     if cuda:
         if bound == "memory" or not bound:

@@ -502,8 +502,14 @@ def os_threads() -> int:
 
 def main() -> None:
     _args, job_file, out = common.start("StitchCUDA candidate runner")
+    t_start = common.now()
     header, payload = common.read_job(job_file)
     write_frame, dumps = wire.write_frame, wire.dumps
+    phases: dict[str, float] = {}
+
+    def mark(name: str) -> None:
+        phases[name] = round(common.now() - t_start, 4)
+
     exit_now, error_line, short_tb = common.exit_now, common.error_line, common.short_traceback
     flatten, to_cpu, to_device, same_bits, refill = (
         common.flatten,
@@ -523,7 +529,10 @@ def main() -> None:
     cand_roots = (roots["cand"], roots["ext"])
     findings = Findings()
 
+    mark("job")
     import torch
+
+    mark("torch")
 
     if device == "cuda" and not torch.cuda.is_available():
         send(
@@ -561,6 +570,7 @@ def main() -> None:
     else:
         poison_cpu(torch, header.get("poison_shapes") or [])
 
+    mark("setup")
     state_before = numeric_state(torch)
     funcs_before = watched_functions(torch)
     py_threads_before = {t.ident for t in threading.enumerate()}
@@ -609,6 +619,7 @@ def main() -> None:
     except BaseException as exc:
         fault("import", exc)
         return
+    mark("import")
     diff_state(state_before, numeric_state(torch), "after import", findings)
     diff_functions(funcs_before, watched_functions(torch), "after import", findings)
 
@@ -703,6 +714,7 @@ def main() -> None:
                     record(name, set_name, outs, custom_calls=custom_calls[0] - before)
                 del outs
 
+        mark("correctness")
         # Timed loop (D7): rotating input sets, outputs of secretly chosen iterations checked too.
         stage = "timing"
         pool = [to_device(sets[n], device) for n in header["pool"]]
@@ -725,15 +737,15 @@ def main() -> None:
 
         def after(i: int, result: Any) -> None:
             outs = flatten(result)
-            per_call_custom.append(custom_calls[0] - mark[0])
-            mark[0] = custom_calls[0]
+            per_call_custom.append(custom_calls[0] - last_custom[0])
+            last_custom[0] = custom_calls[0]
             check_outputs(torch, outs, pool[i % len(pool)], previous, device, findings, f"timed call {i}")
             previous[:] = [outs]
             if i in picks:
                 kept[i] = outs
 
         auditor.phase = "timed"
-        mark = [custom_calls[0]]
+        last_custom = [custom_calls[0]]
         device_ms, wall_ms = clock.time_calls(timed, iterations, after=after)
         calls[0] += iterations
         auditor.phase = "after-timing"
@@ -768,6 +780,7 @@ def main() -> None:
             record("late", late, outs, custom_calls=custom_calls[0] - before)
             del outs
 
+        mark("timing")
         # One profiled call on fresh inputs (D6).
         stage = "profile"
         auditor.phase = "profile"
@@ -798,6 +811,7 @@ def main() -> None:
         del outs
         send({"kind": "profile", "events": trace_events(trace_path, token), "custom_calls": profiled_calls})
         auditor.phase = "after-profile"
+        mark("profile")
 
         # Off-shape probe (D4): reported on its own, never fatal here.
         offshape = header.get("offshape")
@@ -833,15 +847,16 @@ def main() -> None:
         )
     if grown > 0:
         findings.add(
-            "D9.os-threads", "WARNING", f"{grown} more OS threads than before the import", "after timing"
+            "D9.os-threads", "INFO", f"{grown} more OS threads than before the import", "after timing"
         )
     mem: dict[str, Any] = {"kind": "memory"}
     if device == "cuda":
         mem["peak_extra"] = max(0, torch.cuda.max_memory_allocated() - base_mem)
         mem["reserved"] = torch.cuda.memory_reserved()
     send(mem)
+    mark("end")
     send({"kind": "findings", "items": findings.items})
-    send({"kind": "done", "nonce": header["nonce"], "calls": calls[0]})
+    send({"kind": "done", "nonce": header["nonce"], "calls": calls[0], "phases": phases})
     exit_now(out, 0)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from stitchcuda.api.v1 import code_pb2, jobs_pb2, plan_pb2, verify_pb2
 from stitchcuda.shared.errors import ProblemError
 
-MODEL_NEW = '''import torch
+MODEL_NEW = """import torch
 import torch.nn as nn
 import fake_ext as ext
 
@@ -31,7 +31,7 @@ class ModelNew(nn.Module):
 
     def forward(self, x):
         return ext.forward(x)
-'''
+"""
 BINDING = """#include <torch/extension.h>
 torch::Tensor forward(torch::Tensor x) { return x * 2; }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward, "forward"); }
@@ -54,7 +54,9 @@ def candidate(round_: int, index: int = 0) -> code_pb2.Candidate:
 
 
 class FakePlanner:
-    def plan(self, source: str, *, problem_name: str = "problem", device: str = "cpu", **_: Any) -> plan_pb2.Plan:
+    def plan(
+        self, source: str, *, problem_name: str = "problem", device: str = "cpu", **_: Any
+    ) -> plan_pb2.Plan:
         failure = os.environ.get("STITCH_FAKE_PLAN_FAIL")
         if failure:
             raise ProblemError(failure)
@@ -68,7 +70,9 @@ class FakePlanner:
 
 
 class FakeCoder:
-    def generate(self, source: str, plan: plan_pb2.Plan, *, round_: int = 0, **_: Any) -> list[code_pb2.Candidate]:
+    def generate(
+        self, source: str, plan: plan_pb2.Plan, *, round_: int = 0, **_: Any
+    ) -> list[code_pb2.Candidate]:
         return [candidate(round_)]
 
     def optimize(
@@ -84,7 +88,9 @@ class FakeVerifier:
     def build(self, candidate: code_pb2.Candidate, *, device: str = "cpu") -> verify_pb2.BuildResult:
         return verify_pb2.BuildResult(ok=True, cached=True)
 
-    def verify(self, source: str, candidate: code_pb2.Candidate, *, progress: Any = None, **_: Any) -> verify_pb2.Verdict:
+    def verify(
+        self, source: str, candidate: code_pb2.Candidate, *, progress: Any = None, **_: Any
+    ) -> verify_pb2.Verdict:
         markers = os.environ.get("STITCH_FAKE_MARKERS")
         if markers:
             Path(markers).mkdir(parents=True, exist_ok=True)

@@ -75,7 +75,12 @@ class Proc:
     def start(self) -> None:
         with self.log.open("ab") as handle:
             self.process = subprocess.Popen(
-                self.command, env=self.env, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+                self.command,
+                env=self.env,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                start_new_session=True,
             )
 
     def alive(self) -> bool:
@@ -129,7 +134,9 @@ class Platform:
             return [sys.executable, "-m", "tests.integration.platform.fakes", service, *args]
         return [sys.executable, "-m", f"stitchcuda.{service}", *args]
 
-    def start_worker(self, service: str, *args: str, name: str = "", env: dict[str, str] | None = None) -> Proc:
+    def start_worker(
+        self, service: str, *args: str, name: str = "", env: dict[str, str] | None = None
+    ) -> Proc:
         name = name or service
         proc = Proc(name, self._command(service, list(args)), {**self.env, **(env or {})},
                     self.workdir / f"{name}.log")  # fmt: skip
@@ -138,8 +145,13 @@ class Platform:
         self._wait_log(proc, "ready.", 90)
         return proc
 
-    def start_gateway(self, *, env: dict[str, str] | None = None, ports: tuple[int, int] | None = None) -> Proc:
-        self.grpc_port, self.http_port = ports or (self.grpc_port or free_port(), self.http_port or free_port())
+    def start_gateway(
+        self, *, env: dict[str, str] | None = None, ports: tuple[int, int] | None = None
+    ) -> Proc:
+        self.grpc_port, self.http_port = ports or (
+            self.grpc_port or free_port(),
+            self.http_port or free_port(),
+        )
         args = ["--host", "127.0.0.1", "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port)]
         proc = Proc("gateway", self._command("gateway", args), {**self.env, **(env or {})},
                     self.workdir / "gateway.log")  # fmt: skip

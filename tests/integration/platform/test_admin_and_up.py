@@ -25,7 +25,9 @@ from tests.integration.platform.harness import REDIS_URL, REPO, SECRET, wait_for
 pytestmark = pytest.mark.integration
 
 
-def test_admin_creates_tenants_issues_revokes_keys_and_sets_quotas(redis_db: object, monkeypatch: pytest.MonkeyPatch):
+def test_admin_creates_tenants_issues_revokes_keys_and_sets_quotas(
+    redis_db: object, monkeypatch: pytest.MonkeyPatch
+):
     monkeypatch.setenv("STITCH_REDIS_URL", REDIS_URL)
     monkeypatch.setenv("STITCH_SECRET_KEY", SECRET)
     runner = CliRunner()
@@ -57,7 +59,9 @@ def test_admin_creates_tenants_issues_revokes_keys_and_sets_quotas(redis_db: obj
 
 
 @pytest.mark.slow
-def test_stitchcuda_up_starts_seaweedfs_and_the_services_and_ctrl_c_stops_all(redis_db: object, tmp_path: Path):
+def test_stitchcuda_up_starts_seaweedfs_and_the_services_and_ctrl_c_stops_all(
+    redis_db: object, tmp_path: Path
+):
     home = tmp_path / "home"
     grpc_port, http_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("STITCH_")}
@@ -65,14 +69,18 @@ def test_stitchcuda_up_starts_seaweedfs_and_the_services_and_ctrl_c_stops_all(re
                 "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)})  # fmt: skip
     code = f"from stitchcuda.gateway.local import run_up; raise SystemExit(run_up(grpc_port={grpc_port}, http_port={http_port}))"
     log = (tmp_path / "up.log").open("wb")
-    up = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    up = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO
+    )
     try:
         wait_for(lambda: _ready(http_port) or up.poll() is not None, 180, "the platform to come up", 0.5)
         assert up.poll() is None, (tmp_path / "up.log").read_text()[-3000:]
         key = (home / "api_key").read_text().strip()
         assert key.startswith("stk_")
         with GatewayClient(f"127.0.0.1:{grpc_port}", key) as client:
-            job = client.submit(jobs_pb2.JobSpec(reference_source=problem_source("01"), device=jobs_pb2.DEVICE_CPU))
+            job = client.submit(
+                jobs_pb2.JobSpec(reference_source=problem_source("01"), device=jobs_pb2.DEVICE_CPU)
+            )
             assert client.get(job.job_id).tenant_id == "local"
         with GatewayClient(f"127.0.0.1:{grpc_port}", "stk_wrong") as client, pytest.raises(grpc.RpcError):
             client.list()

@@ -41,9 +41,13 @@ def test_grpc_refuses_bad_messages_with_the_reason(fake_platform: Platform, api_
     newer = gateway_pb2.SubmitRequest(schema_version=1)
     newer.spec.MergeFromString(request(good).spec.SerializeToString() + b"\xf8\x06\x01")
     cases.append((newer.SerializeToString(), "#111"))
-    cases.append((gateway_pb2.SubmitRequest(schema_version=2, spec=request(good).spec).SerializeToString(), "newer"))
+    cases.append(
+        (gateway_pb2.SubmitRequest(schema_version=2, spec=request(good).spec).SerializeToString(), "newer")
+    )
     cases.append((request(good + "\n# " + "x" * 300_000).SerializeToString(), "limit"))
-    cases.append((request("import not_a_module_anywhere\n" + good).SerializeToString(), "not_a_module_anywhere"))
+    cases.append(
+        (request("import not_a_module_anywhere\n" + good).SerializeToString(), "not_a_module_anywhere")
+    )
     cases.append((request("import torch\nclass Model: pass\n").SerializeToString(), "get_inputs"))
     cases.append((request("def broken(:\n").SerializeToString(), "syntax error"))
     cases.append((request(good, problem_name="../../etc").SerializeToString(), "problem_name"))
@@ -68,15 +72,23 @@ def test_http_refuses_bad_bodies_with_4xx_and_a_reason(fake_platform: Platform, 
     good = problem_source("01")
     http = httpx.Client(base_url=fake_platform.http_url, headers={"x-api-key": api_key}, timeout=30)
     cases = [
-        (dict(content=b"{not json", headers={"content-type": "application/json"}), 400, "not valid JSON"),
-        (dict(json=[1, 2]), 400, "JSON object"),
-        (dict(json={"spec": {"reference_source": good, "colour": "blue"}}), 400, "colour"),
-        (dict(json={"schema_version": 7, "spec": {"reference_source": good}}), 400, "newer"),
-        (dict(json={"spec": {"reference_source": good, "device": "DEVICE_TPU"}}), 400, "DEVICE_TPU"),
-        (dict(json={"spec": {"reference_source": good + "#" * 300_000}}), 400, "limit"),
-        (dict(content=b"x" * (8 * 256 * 1024 + 70_000), headers={"content-type": "application/json"}), 413, "limit"),
-        (dict(content=b"\xff\xff\xff", headers={"content-type": "application/x-protobuf"}), 400, "malformed"),
-        (dict(json={"spec": {"reference_source": "import nope_nope\n" + good}}), 400, "nope_nope"),
+        ({"content": b"{not json", "headers": {"content-type": "application/json"}}, 400, "not valid JSON"),
+        ({"json": [1, 2]}, 400, "JSON object"),
+        ({"json": {"spec": {"reference_source": good, "colour": "blue"}}}, 400, "colour"),
+        ({"json": {"schema_version": 7, "spec": {"reference_source": good}}}, 400, "newer"),
+        ({"json": {"spec": {"reference_source": good, "device": "DEVICE_TPU"}}}, 400, "DEVICE_TPU"),
+        ({"json": {"spec": {"reference_source": good + "#" * 300_000}}}, 400, "limit"),
+        (
+            {"content": b"x" * (8 * 256 * 1024 + 70_000), "headers": {"content-type": "application/json"}},
+            413,
+            "limit",
+        ),
+        (
+            {"content": b"\xff\xff\xff", "headers": {"content-type": "application/x-protobuf"}},
+            400,
+            "malformed",
+        ),
+        ({"json": {"spec": {"reference_source": "import nope_nope\n" + good}}}, 400, "nope_nope"),
     ]
     for kwargs, status, reason in cases:
         response = http.post("/v1/jobs", **kwargs)  # type: ignore[arg-type]

@@ -49,7 +49,9 @@ def verdict_events(client: GatewayClient, job_id: str) -> list[jobs_pb2.JobEvent
     return [e for e in client.watch(job_id) if e.kind == jobs_pb2.EVENT_KIND_VERDICT]
 
 
-def test_kill_9_of_the_verifier_pool_process_mid_task_still_completes_the_job(platform: Platform, tmp_path: Path):
+def test_kill_9_of_the_verifier_pool_process_mid_task_still_completes_the_job(
+    platform: Platform, tmp_path: Path
+):
     marks = tmp_path / "markers"
     platform.start_gateway()
     platform.start_worker("planner")
@@ -67,7 +69,9 @@ def test_kill_9_of_the_verifier_pool_process_mid_task_still_completes_the_job(pl
         final = client.wait(job.job_id, timeout_s=90)
         assert final.status.state == jobs_pb2.JOB_STATE_SUCCEEDED, (final.status.message, platform.logs())
         runs = markers(marks)
-        assert len(runs) == 2 and len({r.split("-")[1] for r in runs}) == 2, runs  # redelivered to a new process
+        assert len(runs) == 2 and len({r.split("-")[1] for r in runs}) == 2, (
+            runs
+        )  # redelivered to a new process
         assert len(verdict_events(client, job.job_id)) == 1
         assert len(final.rounds) == 1
 
@@ -131,12 +135,16 @@ def test_the_same_message_delivered_twice_gives_one_result(platform: Platform, t
             assert "duplicate dropped" in platform.procs[name].tail(300), name
 
 
-def test_s3_down_for_a_while_is_retried_and_the_job_completes(platform: Platform, seaweed: object, tmp_path: Path):
+def test_s3_down_for_a_while_is_retried_and_the_job_completes(
+    platform: Platform, seaweed: object, tmp_path: Path
+):
     marks = tmp_path / "markers"
     platform.start_gateway()
     platform.start_worker("planner")
     platform.start_worker("coder")
-    platform.start_worker("verifier", env={"STITCH_FAKE_VERIFY_SLEEP_S": "3", "STITCH_FAKE_MARKERS": str(marks)})
+    platform.start_worker(
+        "verifier", env={"STITCH_FAKE_VERIFY_SLEEP_S": "3", "STITCH_FAKE_MARKERS": str(marks)}
+    )
     key = make_tenant()
     http = httpx.Client(base_url=platform.http_url, headers={"x-api-key": key}, timeout=60)
     weed = seaweed
@@ -213,7 +221,13 @@ def test_cancel_stops_queued_and_running_work(platform: Platform, tmp_path: Path
     )
     key = make_tenant()
     http = httpx.Client(base_url=platform.http_url, headers={"x-api-key": key}, timeout=30)
-    body = {"spec": {"reference_source": problem_source("01"), "device": "DEVICE_CPU", "options": {"max_rounds": 0}}}
+    body = {
+        "spec": {
+            "reference_source": problem_source("01"),
+            "device": "DEVICE_CPU",
+            "options": {"max_rounds": 0},
+        }
+    }
     first = http.post("/v1/jobs", json=body).json()["job_id"]
     wait_for(lambda: len(markers(marks)) == 1, 60, "the first job's verification to start")
     busy_pid = int(markers(marks)[0].split("-")[1])

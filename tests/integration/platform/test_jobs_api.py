@@ -33,7 +33,10 @@ def test_submit_over_grpc_watch_events_and_download_the_result(fake_platform: Pl
         assert job.status.state == jobs_pb2.JOB_STATE_PLANNING
         events = list(client.watch(job.job_id))
         final = client.get(job.job_id)
-        assert final.status.state == jobs_pb2.JOB_STATE_SUCCEEDED, (final.status.message, fake_platform.logs())
+        assert final.status.state == jobs_pb2.JOB_STATE_SUCCEEDED, (
+            final.status.message,
+            fake_platform.logs(),
+        )
         stages = [e.stage for e in events if e.kind == jobs_pb2.EVENT_KIND_STATE]
         assert stages[0] == "queued" and stages[-1] == "succeeded"
         assert {"planning", "coding", "verifying"} <= set(stages)

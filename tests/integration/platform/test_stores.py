@@ -122,7 +122,7 @@ def test_claim_is_once_and_the_job_lock_excludes(store: RedisJobStore):
     for t in threads:
         t.join()
     assert len(overlap) == 60 and not any(overlap)
-    with store.lock("j2"), pytest.raises(Unavailable, match="busy"):  # noqa: PT012
+    with store.lock("j2"), pytest.raises(Unavailable, match="busy"):
         with store.lock("j2", timeout_s=0.2):
             pass
     short = RedisJobStore(store.redis, lock_lease_s=0.3)
@@ -177,7 +177,10 @@ def test_s3_store_round_trip_listing_presigning_and_not_found(s3: S3ArtifactStor
     assert s3.get("tenants/acme/jobs/j1/a.txt") == b"alpha"
     assert s3.exists("tenants/acme/jobs/j1/a.txt") and not s3.exists("tenants/acme/jobs/j1/zzz")
     assert s3.size("tenants/acme/jobs/j1/rounds/000/b.pb") == 2
-    assert s3.list("tenants/acme/jobs/j1/") == ["tenants/acme/jobs/j1/a.txt", "tenants/acme/jobs/j1/rounds/000/b.pb"]
+    assert s3.list("tenants/acme/jobs/j1/") == [
+        "tenants/acme/jobs/j1/a.txt",
+        "tenants/acme/jobs/j1/rounds/000/b.pb",
+    ]
     url = s3.presigned_url("tenants/acme/jobs/j1/a.txt", 60)
     assert httpx.get(url, timeout=10).content == b"alpha"
     tampered = url.replace("j1/a.txt", "j2/c.txt")
@@ -195,7 +198,7 @@ def test_s3_unreachable_is_unavailable_after_a_bounded_retry():
 
     dead = S3ArtifactStore(f"127.0.0.1:{free_port()}", "k", "s", "bucket", attempts=3, backoff_s=0.05)
     started = time.monotonic()
-    with pytest.raises(Unavailable, match="after|unavailable"):
+    with pytest.raises(Unavailable, match=r"unavailable"):
         dead.get("tenants/a/jobs/b/c")
     assert time.monotonic() - started < 5
 

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
+from stitchcuda.api.v1 import code_pb2
 from stitchcuda.coder.llm.parse import ParseError, parse_answer
 from stitchcuda.shared.candidate import validate
-from stitchcuda.api.v1 import code_pb2
 
 MODEL_NEW = """import torch
 import torch.nn as nn
@@ -46,7 +46,9 @@ def as_candidate(parsed) -> code_pb2.Candidate:  # type: ignore[no-untyped-def]
 
 
 def test_fenced_blocks_with_file_names_after_the_language() -> None:
-    parsed = parse_answer(fenced(("python model_new.py", MODEL_NEW), ("cuda forward.cu", CUDA)), backend="cuda")
+    parsed = parse_answer(
+        fenced(("python model_new.py", MODEL_NEW), ("cuda forward.cu", CUDA)), backend="cuda"
+    )
     assert set(parsed.files) == {"model_new.py", "forward.cu"}
     assert parsed.build.extension_name == "relu_ext"
     assert parsed.build.backend == "cuda"
@@ -94,7 +96,9 @@ def test_single_kernelbench_file_with_load_inline() -> None:
     source = (
         "import torch\nfrom torch.utils.cpp_extension import load_inline\n"
         "cpp_src = 'torch::Tensor forward(torch::Tensor x);'\n"
-        "cuda_src = '''" + CUDA.replace("PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def(\"forward\", &forward); }\n", "") + "'''\n"
+        "cuda_src = '''"
+        + CUDA.replace('PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward); }\n', "")
+        + "'''\n"
         "mod = load_inline(name='kb_relu', cpp_sources=cpp_src, cuda_sources=cuda_src, functions=['forward'])\n"
         "class ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return mod.forward(x)\n"
     )
@@ -111,15 +115,30 @@ def test_single_kernelbench_file_with_load_inline() -> None:
         ("", "empty"),
         ("I cannot help with that.", "no JSON candidate and no fenced code"),
         (fenced(("cuda forward.cu", CUDA)), "no model_new.py"),
-        (fenced(("python model_new.py", MODEL_NEW.replace("import relu_ext as ext\n", "")), ("cuda k.cu", CUDA)), "exactly one"),
+        (
+            fenced(
+                ("python model_new.py", MODEL_NEW.replace("import relu_ext as ext\n", "")),
+                ("cuda k.cu", CUDA),
+            ),
+            "exactly one",
+        ),
         (
             fenced(("python model_new.py", MODEL_NEW + "import other as ext\n"), ("cuda k.cu", CUDA)),
             "found 2",
         ),
         (fenced(("python model_new.py", MODEL_NEW)), "no C++/CUDA source"),
-        (fenced(("python model_new.py", MODEL_NEW), ("cuda k.cu", "__global__ void k() {}\n")), "PYBIND11_MODULE"),
-        (fenced(("python model_new.py", MODEL_NEW + "def broken(:\n"), ("cuda k.cu", CUDA)), "does not parse"),
-        (fenced(("python model_new.py", MODEL_NEW.replace("ModelNew", "Net")), ("cuda k.cu", CUDA)), "no class ModelNew"),
+        (
+            fenced(("python model_new.py", MODEL_NEW), ("cuda k.cu", "__global__ void k() {}\n")),
+            "PYBIND11_MODULE",
+        ),
+        (
+            fenced(("python model_new.py", MODEL_NEW + "def broken(:\n"), ("cuda k.cu", CUDA)),
+            "does not parse",
+        ),
+        (
+            fenced(("python model_new.py", MODEL_NEW.replace("ModelNew", "Net")), ("cuda k.cu", CUDA)),
+            "no class ModelNew",
+        ),
         (json.dumps({"files": [{"path": "model_new.py"}]}), "'path' and 'content'"),
         (json.dumps({"files": "model_new.py"}), "must be a list"),
     ],

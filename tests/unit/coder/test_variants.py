@@ -15,7 +15,9 @@ def test_signature_round_trip_and_defaults() -> None:
     assert Variant().signature() == "default"
     v = Variant(vec="1", block="512")
     assert v.signature() == "block=512,vec=1"
-    assert Variant.from_map({**v.as_map(), "tried": "default", "bogus": "x", "vec": "7"}) == Variant(block="512")
+    assert Variant.from_map({**v.as_map(), "tried": "default", "bogus": "x", "vec": "7"}) == Variant(
+        block="512"
+    )
     assert tried_signatures({"tried": "default;vec=1"}) == ["default", "vec=1"]
 
 
@@ -38,7 +40,9 @@ def test_close_numerical_miss_asks_for_double_accumulators() -> None:
 
 
 def test_low_custom_share_moves_work_into_custom_kernels() -> None:
-    v = verdict(compiled=True, correct=True, accepted=False, reason="custom kernels cover 4% of device time (D6)")
+    v = verdict(
+        compiled=True, correct=True, accepted=False, reason="custom kernels cover 4% of device time (D6)"
+    )
     v.findings.add(rule="D6.custom-share", severity=verify_pb2.SEVERITY_REJECT, detail="share 0.04 < 0.5")
     picks = next_variants(Variant().as_map(), v, cuda=True, count=2)
     assert [p.gemm for p, _ in picks][:1] == ["custom"]

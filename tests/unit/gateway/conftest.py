@@ -70,7 +70,12 @@ def settings() -> GatewaySettings:
 
 @pytest.fixture
 def rig(settings: GatewaySettings) -> Rig:
-    jobs, artifacts, transport, usage = MemoryJobStore(), MemoryArtifactStore(), InProcessTransport(), MemoryUsageMeter()
+    jobs, artifacts, transport, usage = (
+        MemoryJobStore(),
+        MemoryArtifactStore(),
+        InProcessTransport(),
+        MemoryUsageMeter(),
+    )
     workflow = Workflow(jobs, artifacts, transport, max_reference_bytes=settings.max_reference_bytes)
     wire_fakes(workflow, transport)
 

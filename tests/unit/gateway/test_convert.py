@@ -33,7 +33,9 @@ def test_parse_binary_refuses_corrupt_newer_and_unknown():
     with pytest.raises(InvalidRequest, match="malformed SubmitRequest"):
         parse_binary(b"\x0a\xff", gateway_pb2.SubmitRequest)
     with pytest.raises(UnsupportedVersion, match="newer"):
-        parse_binary(gateway_pb2.SubmitRequest(schema_version=9).SerializeToString(), gateway_pb2.SubmitRequest)
+        parse_binary(
+            gateway_pb2.SubmitRequest(schema_version=9).SerializeToString(), gateway_pb2.SubmitRequest
+        )
     with pytest.raises(InvalidRequest, match="#55"):
         parse_binary(good.SerializeToString() + b"\xb8\x03\x01", gateway_pb2.SubmitRequest)
 
@@ -58,7 +60,9 @@ def test_states_parse_from_short_and_long_names():
 
 
 def test_json_and_sse_renderings():
-    job = jobs_pb2.Job(job_id="j", spec=jobs_pb2.JobSpec(reference_source="big source"), status=jobs_pb2.JobStatus())
+    job = jobs_pb2.Job(
+        job_id="j", spec=jobs_pb2.JobSpec(reference_source="big source"), status=jobs_pb2.JobStatus()
+    )
     data = to_json(job)
     # Defaults are spelled out (a client need not know proto3's omissions); enums by name.
     assert data["job_id"] == "j" and data["status"]["state"] == "JOB_STATE_UNSPECIFIED"

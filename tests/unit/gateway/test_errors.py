@@ -50,6 +50,8 @@ def test_a_subclass_defined_elsewhere_inherits_its_parents_status():
 
 
 def test_error_body_carries_code_message_and_detail():
-    assert error_body(errors.NotFound("job not found: x")) == {"error": {"code": "not_found", "message": "job not found: x"}}
+    assert error_body(errors.NotFound("job not found: x")) == {
+        "error": {"code": "not_found", "message": "job not found: x"}
+    }
     body = error_body(errors.ProblemError("bad", detail="line 3"))
     assert body["error"] == {"code": "invalid_problem", "message": "bad", "detail": "line 3"}

@@ -136,13 +136,29 @@ def test_idempotent_replays_return_the_first_job_and_hold_one_slot(rig: Rig):
 @pytest.mark.parametrize(
     ("request_", "error", "reason"),
     [
-        (gateway_pb2.SubmitRequest(schema_version=2, spec=submit_request().spec), UnsupportedVersion, "newer"),
+        (
+            gateway_pb2.SubmitRequest(schema_version=2, spec=submit_request().spec),
+            UnsupportedVersion,
+            "newer",
+        ),
         (submit_request(""), ProblemError, "empty"),
         (submit_request("import torch\n" + "x = 1\n" * 60_000), ProblemError, "limit"),
-        (submit_request("import nowhere_module\nclass Model: pass\ndef get_inputs(): pass\n"
-                        "def get_init_inputs(): pass\n"), ProblemError, "nowhere_module"),  # fmt: skip
-        (submit_request("from . import sibling\nclass Model: pass\ndef get_inputs(): pass\n"
-                        "def get_init_inputs(): pass\n"), ProblemError, "."),  # fmt: skip
+        (
+            submit_request(
+                "import nowhere_module\nclass Model: pass\ndef get_inputs(): pass\n"
+                "def get_init_inputs(): pass\n"
+            ),
+            ProblemError,
+            "nowhere_module",
+        ),
+        (
+            submit_request(
+                "from . import sibling\nclass Model: pass\ndef get_inputs(): pass\n"
+                "def get_init_inputs(): pass\n"
+            ),
+            ProblemError,
+            ".",
+        ),
         (submit_request(options=jobs_pb2.JobOptions(max_rounds=21)), InvalidRequest, "max_rounds"),
         (submit_request(options=jobs_pb2.JobOptions(samples=99)), InvalidRequest, "samples"),
         (submit_request(options=jobs_pb2.JobOptions(coder_backend="gpt")), InvalidRequest, "coder_backend"),

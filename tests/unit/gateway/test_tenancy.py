@@ -8,13 +8,22 @@ import pytest
 from stitchcuda.api.v1 import jobs_pb2
 from stitchcuda.gateway import tenancy as tenancy_module
 from stitchcuda.gateway.tenancy import MemoryTenantStore, Quota, Tenancy
-from stitchcuda.shared.errors import Conflict, InvalidRequest, NotFound, PermissionDenied, QuotaExceeded, Unauthenticated
+from stitchcuda.shared.errors import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    PermissionDenied,
+    QuotaExceeded,
+    Unauthenticated,
+)
 from stitchcuda.shared.stores import MemoryUsageMeter
 
 SECRET = "tenancy-secret"
 
 
-def make(states: dict[str, int] | None = None, secret: str = SECRET, store: MemoryTenantStore | None = None) -> Tenancy:
+def make(
+    states: dict[str, int] | None = None, secret: str = SECRET, store: MemoryTenantStore | None = None
+) -> Tenancy:
     states = states if states is not None else {}
     store = store or MemoryTenantStore(lambda job_id: states.get(job_id, 0))
     return Tenancy(store, MemoryUsageMeter(), secret, key_cache_s=0)
@@ -87,7 +96,10 @@ def test_tenant_ids_and_quotas_are_validated():
     with pytest.raises(NotFound):
         tenancy.set_quota("nobody", max_concurrent_jobs=3)
     updated = tenancy.set_quota("acme", max_concurrent_jobs=7, submits_per_minute=None)
-    assert updated.quota.max_concurrent_jobs == 7 and updated.quota.submits_per_minute == Quota().submits_per_minute
+    assert (
+        updated.quota.max_concurrent_jobs == 7
+        and updated.quota.submits_per_minute == Quota().submits_per_minute
+    )
     with pytest.raises(NotFound):
         tenancy.issue_key("nobody")
 

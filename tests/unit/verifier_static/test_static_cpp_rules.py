@@ -53,6 +53,16 @@ def test_honest_cpu_source_is_clean(run_scan):
         ("at::Tensor f(at::Tensor a) { return torch::nn::functional::relu(a); }", "D11.torch-op"),
         ("at::Tensor f(at::Tensor a) { return a.sum(-1); }", "D11.torch-op"),
         (
+            "at::Tensor f(at::Tensor a) { auto l = torch::nn::Linear(4, 4); return l->forward(a); }",
+            "D11.torch-op",
+        ),
+        (
+            'at::Tensor f(at::Tensor a) {\n  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::mm", "");\n'
+            "  return a;\n}",
+            "D11.torch-op",
+        ),
+        ("at::Tensor f(at::Tensor a) { return at::_ops::mm::call(a, a); }", "D11.torch-op"),
+        (
             "void f(float* a, float* b, float* c) { cublasSgemm(0, 0, 0, 1, 1, 1, 0, a, 1, b, 1, 0, c, 1); }",
             "D11.library-call",
         ),
@@ -200,3 +210,25 @@ def test_constant_evaluation():
     assert evaluate("1 << 16", {}) == 65536
     assert evaluate("n * 4", {}) is None
     assert evaluate("__import__('os')", {}) is None
+
+
+def test_member_calls_on_non_tensors_are_not_aten(run_scan):
+    src = """
+    struct Acc { double v = 0; void add(double x) { v += x; } double mean(int n) const { return v / n; } };
+    at::Tensor f(at::Tensor x) {
+      Acc acc;
+      acc.add(1.0);
+      at::Tensor out = at::empty({1}, x.options());
+      out.data_ptr<float>()[0] = static_cast<float>(acc.mean(1));
+      return out;
+    }
+    """
+    s = run_scan(PY, {"kit.cpp": "#include <torch/extension.h>\n" + src})
+    assert "D11.torch-op" not in s.rules(), s
+    chained = run_scan(
+        PY,
+        {
+            "kit.cpp": "#include <torch/extension.h>\nat::Tensor f(at::Tensor x) { return x.contiguous().exp(); }\n"
+        },
+    )
+    assert "D11.torch-op" in chained.rejects, chained

@@ -36,6 +36,12 @@ def test_honest_allocation_views_and_parameter_container_are_clean(run_scan):
         ("", "return torch.Tensor.add(x, 1)"),
         ("", "return nn.functional.gelu(x)"),
         ("", "return torch.compile(ext.op)(x)"),
+        ("", "return x.__matmul__(self.w)"),
+        ("", "return getattr(ext.op(x), 'exp')()"),
+        ("from torch import *", "return matmul(x, self.w)"),
+        ("", "return torch.nn.functional.__dict__['relu'](ext.op(x))"),
+        ("", "return torch.ops.aten.mm(x, self.w)"),
+        ("", "return torch._C._nn.linear(x, self.w)"),
     ],
 )
 def test_torch_compute_on_inputs_is_rejected_through_aliases(run_scan, extra, body):
@@ -233,3 +239,23 @@ def test_forward_hooks_are_entry_points(run_scan):
     """
     s = run_scan(module("return ext.op(x)", "self.register_forward_hook(_hook)", extra=extra))
     assert "D11.call-override" in s.warnings and "D11.torch-op" in s.rejects, s
+
+
+def test_hidden_state_writes_and_dynamic_method_names(run_scan):
+    s = run_scan(module("out = ext.op(x)\nself.register_buffer('last', out)\nreturn out"))
+    assert "D11.output-cache" in s.rejects, s
+    s = run_scan(module("name = 'ex' + 'p'\nreturn getattr(ext.op(x), name)()"))
+    assert "D11.dynamic-code" in s.rejects, s
+
+
+def test_extension_held_on_the_instance_still_counts(run_scan):
+    s = run_scan(module("return self.k.op(x)", "self.k = ext"))
+    assert s.rejects == set(), s
+    s = run_scan(module("return self.fn(x)", "self.fn = ext.op"))
+    assert s.rejects == set(), s
+
+
+def test_mutable_default_argument_is_a_cache(run_scan):
+    body = "k = x.shape\nif k in _cache:\n    return _cache[k]\n_cache[k] = ext.op(x)\nreturn _cache[k]"
+    s = run_scan(module(body, signature="self, x, _cache={}"))
+    assert {"D11.output-cache", "D11.stored-output"} <= s.rejects, s
