@@ -33,6 +33,31 @@ from tests.integration.platform import harness  # noqa: E402
 SOURCE = (REPO / "benchmarks/problems/01_elementwise_chain.py").read_text()
 
 
+def _tree(pid: int) -> list[int]:
+    out = [pid]
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return out
+    for child in children:
+        out += _tree(int(child))
+    return out
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU of the processes and their descendants (contention-independent cost)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for root in pids:
+        for pid in _tree(root):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -134,11 +159,26 @@ def main() -> int:
         for service in ("planner", "coder", "verifier"):
             platform.start_worker(service, "--loglevel", "INFO")
         key = harness.make_tenant("bench", max_concurrent_jobs=0)
+        servers = [int(p) for p in os.popen("pgrep -x redis-server").read().split()]
+        servers.append(weed.process.pid)  # type: ignore[union-attr]
+        everything = [*servers, *(proc.process.pid for proc in platform.procs.values())]  # type: ignore[union-attr]
         with GatewayClient(platform.grpc_target, key) as client:
+            run_job(client, 0)
+            cpu0 = cpu_seconds(everything)
+            job_cpu_started = time.perf_counter()
+            for _ in range(2):
+                run_job(client, args.rounds)
+            job_cpu_wall = time.perf_counter() - job_cpu_started
+            round_cpu_ms = 1000 * (cpu_seconds(everything) - cpu0) / (2 * (args.rounds + 1))
             loop = loop_overhead(client, args.jobs, args.rounds)
         for service in ("planner", "coder", "verifier"):
             platform.procs[service].stop()  # submits only: queued jobs stay queued
+        gateway_pid = [platform.procs["gateway"].process.pid]  # type: ignore[union-attr]
+        before = (cpu_seconds(gateway_pid), cpu_seconds(servers))
         submits = submit_throughput(platform.grpc_target, key, args.submits, args.concurrency)
+        warm = min(200, args.submits // 5)
+        submits["gateway_cpu_ms"] = 1000 * (cpu_seconds(gateway_pid) - before[0]) / (args.submits + warm)
+        submits["servers_cpu_ms"] = 1000 * (cpu_seconds(servers) - before[1]) / (args.submits + warm)
     finally:
         platform.stop()
         weed.stop()
@@ -164,6 +204,12 @@ def main() -> int:
         f"{loop['event_latency_median_ms']:.1f} / {loop['event_latency_p99_ms']:.1f} ms | <= 100 ms |",
         f"| gateway submits/s ({int(submits['submits'])} submits, {int(submits['concurrency'])} in flight) | "
         f"{submits['submits_per_s']:.0f} /s | >= 500 /s |",
+        "| CPU per submit: gateway process / Redis + SeaweedFS | "
+        f"{submits['gateway_cpu_ms']:.1f} / {submits['servers_cpu_ms']:.1f} ms | |",
+        "| submits/s two idle cores could sustain at that CPU cost (2000 ms / CPU per submit) | "
+        f"{2000 / (submits['gateway_cpu_ms'] + submits['servers_cpu_ms']):.0f} /s | >= 500 /s |",
+        f"| CPU per round, all platform processes (Redis, S3, gateway, workers) | {round_cpu_ms:.1f} ms "
+        f"(wall {1000 * job_cpu_wall / (2 * (args.rounds + 1)):.0f} ms) | |",
         "| submit latency p50 / p99 | "
         f"{submits['latency_p50_ms']:.1f} / {submits['latency_p99_ms']:.1f} ms | p99 <= 50 ms |",
         "",
@@ -171,6 +217,9 @@ def main() -> int:
         "Redis writes (job record, events, guard, lock, loop state) and S3 writes (candidate, verdict); a",
         "submit is authentication, rate and concurrency checks, the reference upload, the job record,",
         "the first events and the planner message.",
+        "",
+        "CPU per submit and per round are measured from /proc (user + system time of the processes and",
+        "their pool children), so they do not depend on how busy the shared host is; the wall-clock rows do.",
         "",
     ]
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 from google.protobuf.message import DecodeError
+
 from stitchcuda.api.v1 import messages_pb2
 from stitchcuda.shared.errors import InvalidRequest, UnsupportedVersion
 

@@ -39,6 +39,10 @@ class JobStore(Protocol):
         """True exactly once per guard: makes a transition happen once under at-least-once delivery."""
         ...
 
+    def release(self, guard: str) -> None:
+        """Undoes a claim whose transition failed part-way, so the redelivered message can redo it."""
+        ...
+
     def lock(self, job_id: str, timeout_s: float = 30.0) -> contextlib.AbstractContextManager[None]:
         """Serialises read-decide-write of one job's loop state across workers."""
         ...
@@ -137,6 +141,10 @@ class MemoryJobStore:
                 return False
             self._claims.add(guard)
             return True
+
+    def release(self, guard: str) -> None:
+        with self._cond:
+            self._claims.discard(guard)
 
     @contextlib.contextmanager
     def _job_lock(self, job_id: str, timeout_s: float) -> Iterator[None]:

@@ -233,6 +233,9 @@ class RedisJobStore:
     def claim(self, guard: str, ttl_s: int = 7 * 24 * 3600) -> bool:
         return bool(self.redis.set(f"{self.prefix}guard:{guard}", b"1", nx=True, ex=ttl_s))
 
+    def release(self, guard: str) -> None:
+        self.redis.delete(f"{self.prefix}guard:{guard}")
+
     @contextlib.contextmanager
     def _job_lock(self, job_id: str, timeout_s: float) -> Iterator[None]:
         lock = self.redis.lock(

@@ -8,6 +8,7 @@ from typing import Any
 
 import jinja2
 from google.protobuf.json_format import MessageToDict
+
 from stitchcuda.api.v1 import jobs_pb2, plan_pb2, verify_pb2
 from stitchcuda.shared import pipeline
 from stitchcuda.shared.artifacts import ArtifactStore, Keys

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable
 
 from google.protobuf.timestamp_pb2 import Timestamp
+
 from stitchcuda.api.v1 import code_pb2, jobs_pb2, messages_pb2, plan_pb2, verify_pb2
 from stitchcuda.shared import pipeline, report
 from stitchcuda.shared.artifacts import ArtifactStore, Keys
@@ -213,21 +214,30 @@ class Workflow:
         summary: jobs_pb2.RoundSummary | None = None,
     ) -> None:
         with self.jobs.lock(job_id):
-            if guard is not None and not self.jobs.claim(f"guard:{job_id}:{guard}"):
+            claimed = f"guard:{job_id}:{guard}" if guard is not None else None
+            if claimed is not None and not self.jobs.claim(claimed):
                 log.info("duplicate %s for job %s ignored", event.type, job_id)
                 return
-            raw = self.jobs.load_state(job_id)
-            if raw is None:
-                raise InvalidRequest(f"job {job_id} has no loop state")
-            if summary is not None:
-                job = self.jobs.get(job_id)
-                job.rounds.append(summary)
-                self.jobs.put(job)
-            self._apply(job_id, pipeline.decide(pipeline.LoopState.from_json(raw), event))
+            try:
+                raw = self.jobs.load_state(job_id)
+                if raw is None:
+                    raise InvalidRequest(f"job {job_id} has no loop state")
+                if summary is not None:
+                    job = self.jobs.get(job_id)
+                    job.rounds.append(summary)
+                    self.jobs.put(job)
+                self._apply(job_id, pipeline.decide(pipeline.LoopState.from_json(raw), event))
+            except BaseException:
+                # A store failed part-way: forget the claim so the redelivered message redoes the step.
+                if claimed is not None:
+                    self.jobs.release(claimed)
+                raise
 
     def _apply(self, job_id: str, decision: pipeline.Decision) -> None:
-        """Saves the new loop state and carries out its actions (caller holds the job lock)."""
-        self.jobs.save_state(job_id, decision.state.to_json())
+        """Carries out the decision's actions, then saves the new loop state (caller holds the job lock).
+
+        The state is saved last: if an action fails, the old state stays and a redelivery decides again.
+        """
         state = decision.state
         job = self.jobs.get(job_id)
         job.status.round = state.round
@@ -240,6 +250,7 @@ class Workflow:
         with log_context(job_id=job.job_id, tenant_id=job.tenant_id):
             for action in decision.actions:
                 self._carry_out(job, state, action)
+        self.jobs.save_state(job_id, state.to_json())
         job = self.jobs.get(job_id)
         new_state = _STATE_OF_PHASE[state.phase]
         if job.status.state != new_state:

@@ -134,13 +134,17 @@ def correctness(
 ) -> tuple[verify_pb2.CorrectnessResult, bool]:
     plan = ref.plan
     refs = [(s.ref32, s.ref64) for name, s in ref.sets.items() if name != plan.offshape]
-    tols = compare.tolerances(
-        refs,
-        floor=policy.tol_floor,
-        max_floor=policy.tol_max_floor,
-        factor=policy.tol_factor,
-        precision=policy.precision,
-    )
+    key = ("tolerances", policy.tol_floor, policy.tol_max_floor, policy.tol_factor, policy.precision)
+    if key not in ref.memo:  # the same for every candidate checked against this reference
+        tolerances = compare.tolerances(
+            refs,
+            floor=policy.tol_floor,
+            max_floor=policy.tol_max_floor,
+            factor=policy.tol_factor,
+            precision=policy.precision,
+        )
+        ref.memo[key] = (tolerances, compare.null_model_warnings(refs, tolerances))
+    tols, null_warnings = ref.memo[key]
     result = verify_pb2.CorrectnessResult(tolerance=tols[0].rel_l2 if tols else policy.tol_floor)
     expected = [n for n in plan.checked if n in ref.sets]
     timed = sorted(n for n in run.outputs if n.startswith("timed["))
@@ -188,7 +192,7 @@ def correctness(
             "the same output for different inputs, while the reference's changes",
         )
         ok = False
-    for warning in compare.null_model_warnings(refs, tols):
+    for warning in null_warnings:
         findings.add("D3.null-model", "WARNING", f"problem: {warning}; correctness rests on the other probes")
     for name, reason in ref.skipped.items():
         findings.add("D2.probe-skipped", "INFO", f"{name}: {reason}", name)

@@ -55,6 +55,8 @@ class ReferenceResult:
     seconds: float
     created: float = field(default_factory=time.monotonic)
     uses: int = 0
+    # Facts derived from the reference alone (tolerances, null-model checks), computed once.
+    memo: dict[tuple[object, ...], Any] = field(default_factory=dict)
 
     @property
     def eager_ms(self) -> float:

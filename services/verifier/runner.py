@@ -6,6 +6,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from stitchcuda.api.v1 import code_pb2
 from stitchcuda.shared.candidate import ENTRY
 from stitchcuda.verifier.harness import wire
 from stitchcuda.verifier.reference import ReferenceResult
-from stitchcuda.verifier.sandbox import Mount, Outcome, RunSpec, Sandbox
+from stitchcuda.verifier.sandbox import Launch, Mount, Outcome, RunSpec, Sandbox
 from stitchcuda.verifier.settings import VerifierSettings
 
 
@@ -44,9 +45,13 @@ class CandidateRun:
 
 
 class CandidateRunner:
+    """Runs candidates, one fresh sandboxed process each; keeps one prepared standby per device."""
+
     def __init__(self, settings: VerifierSettings, sandbox: Sandbox) -> None:
         self.settings = settings
         self.sandbox = sandbox
+        self._standby: dict[str, tuple[Launch, Path]] = {}
+        self._lock = threading.Lock()
 
     def run(
         self,
@@ -59,91 +64,155 @@ class CandidateRunner:
         prefix: list[str] | None = None,
     ) -> CandidateRun:
         """One sandboxed run of the whole schedule (quick: two calls only, for profiling tools)."""
-        plan = ref.plan
-        root = Path(tempfile.mkdtemp(prefix="cand-", dir=self._run_root()))
+        device = ref.device
+        taken = None if prefix else self._take(device)
+        launch, root = taken or self._launch(device, prefix)
         try:
-            cand, ext, work = root / "cand", root / "ext", root / "work"
-            for d in (cand, ext, work):
-                d.mkdir()
-            entry = candidate.entry or ENTRY
-            for f in candidate.files:
-                if f.path.endswith(".py") or f.path == entry:
-                    path = cand / f.path
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_text(f.content)
-            for so in ext_dir.glob("*.so"):
-                shutil.copy2(so, ext / so.name)
-            for path in [root, cand, ext, *cand.rglob("*"), *ext.rglob("*")]:
-                path.chmod(0o755 if path.is_dir() else 0o644)
-            mounts = {"cand": Mount(cand), "ext": Mount(ext), "work": Mount(work, writable=True)}
-            inside = self.sandbox.paths(mounts)
-            nonce = os.urandom(8).hex()
-            token = "sc" + secrets.token_hex(6)
-            names = set(plan.checked) | set(plan.pool) | {plan.late, plan.profile}
-            needed = {n: ref.sets[n].inputs for n in names if n in ref.sets}
-            steps = usable_steps(plan.steps, set(ref.sets))
-            offshape = None
-            if plan.offshape and plan.offshape in ref.sets:
-                needed[plan.offshape] = ref.sets[plan.offshape].inputs
-                offshape = {"set": plan.offshape, "init_changed": ref.offshape.get("init_changed", False)}
-            first = ref.sets[plan.pool[0]].ref32 if plan.pool[0] in ref.sets else []
-            poison = [[list(t.shape), str(t.dtype)] for t in first if isinstance(t, torch.Tensor)]
-            memory = None
-            if ref.device == "cuda":
-                allowed, held = memory_budget(ref)
-                memory = {"allowed_extra": int(allowed + held)}
-            header = {
-                "nonce": nonce,
-                "device": ref.device,
-                "ext_name": candidate.build.extension_name,
-                "entry": entry,
-                "cand_dir": inside["cand"],
-                "ext_dir": inside["ext"],
-                "work_dir": inside["work"],
-                "init_seed": plan.init_seed,
-                "span_token": token,
-                "steps": steps,
-                "pool": [p for p in plan.pool if p in ref.sets],
-                "warmup": plan.warmup,
-                "iterations": plan.iterations,
-                "late": plan.late if plan.late in ref.sets else "",
-                "profile_set": plan.profile,
-                "offshape": offshape,
-                "poison_shapes": poison,
-                "memory": memory,
-                "threads": self.settings.runner_threads or None,
-            }
-            if quick:
-                header.update(steps=steps[:2], warmup=1, iterations=1, late="", offshape=None)
-            payload = wire.dumps(
-                {
-                    "init_inputs": ref.init_inputs,
-                    "state": ref.state,
-                    "sets": needed,
-                    "offshape_init": ref.offshape.get("init_inputs", ref.init_inputs),
-                }
+            nonce, token, header, payload = self._job(
+                candidate, ext_dir, ref, root, launch.spec.mounts, quick
             )
-            gb = (
-                self.settings.memory_limit_gb
-                if ref.device == "cpu"
-                else max(self.settings.memory_limit_gb, 64.0)
-            )
-            spec = RunSpec(
-                script="candidate_runner.py",
-                header=header,
-                payload=payload,
-                mounts=mounts,
-                device=ref.device,
-                timeout_s=timeout_s,
-                memory_bytes=int(gb * (1 << 30)),
-                label="candidate",
-                prefix=list(prefix or []),
-                log_limit=200_000 if prefix else 6000,
-            )
-            outcome = self.sandbox.run(spec)
+            outcome = self.sandbox.finish(launch, header, payload, timeout_s)
         finally:
             shutil.rmtree(root, ignore_errors=True)
+        if not prefix:
+            self.prewarm(device)
         return _collect(outcome, nonce, token)
+
+    def prewarm(self, device: str) -> None:
+        """Starts the standby runner for `device` if there is none (it waits for a job, up to a limit)."""
+        if not self.settings.standby:
+            return
+        with self._lock:
+            if device in self._standby:
+                return
+            self._standby[device] = self._launch(device, None)
+
+    def settle(self, timeout: float = 120.0) -> None:
+        """Waits for standbys to finish preparing, so they cannot disturb a measurement."""
+        with self._lock:
+            launches = [launch for launch, _ in self._standby.values()]
+        for launch in launches:
+            launch.ready(timeout)
+
+    def close(self) -> None:
+        with self._lock:
+            standbys, self._standby = list(self._standby.values()), {}
+        for launch, root in standbys:
+            self.sandbox.discard(launch)
+            shutil.rmtree(root, ignore_errors=True)
+
+    def _take(self, device: str) -> tuple[Launch, Path] | None:
+        with self._lock:
+            found = self._standby.pop(device, None)
+        if found is None:
+            return None
+        if found[0].alive():
+            return found
+        self.sandbox.discard(found[0])
+        shutil.rmtree(found[1], ignore_errors=True)
+        return None
+
+    def _launch(self, device: str, prefix: list[str] | None) -> tuple[Launch, Path]:
+        root = Path(tempfile.mkdtemp(prefix="cand-", dir=self._run_root()))
+        cand, ext, work = root / "cand", root / "ext", root / "work"
+        for d in (cand, ext, work):
+            d.mkdir()
+        for d in (root, cand, ext):
+            d.chmod(0o755)
+        mounts = {"cand": Mount(cand), "ext": Mount(ext), "work": Mount(work, writable=True)}
+        gb = self.settings.memory_limit_gb if device == "cpu" else max(self.settings.memory_limit_gb, 64.0)
+        args = ["--device", device, "--threads", str(self.settings.runner_threads)]
+        args += ["--idle-timeout", str(self.settings.standby_idle_s)]
+        spec = RunSpec(
+            script="candidate_runner.py",
+            header={},
+            payload=b"",
+            mounts=mounts,
+            device=device,
+            timeout_s=self.settings.run_timeout_s,
+            memory_bytes=int(gb * (1 << 30)),
+            label="candidate",
+            prefix=list(prefix or []),
+            log_limit=200_000 if prefix else 6000,
+            args=args,
+        )
+        try:
+            return self.sandbox.launch(spec), root
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+
+    def _job(
+        self,
+        candidate: code_pb2.Candidate,
+        ext_dir: Path,
+        ref: ReferenceResult,
+        root: Path,
+        mounts: dict[str, Mount],
+        quick: bool,
+    ) -> tuple[str, str, dict[str, Any], bytes]:
+        """Fills the run's folders with the candidate and its build; the job header and payload."""
+        plan = ref.plan
+        cand, ext = root / "cand", root / "ext"
+        entry = candidate.entry or ENTRY
+        for f in candidate.files:
+            if f.path.endswith(".py") or f.path == entry:
+                path = cand / f.path
+                if ".." in Path(f.path).parts or Path(f.path).is_absolute():
+                    continue
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(f.content)
+        for so in ext_dir.glob("*.so"):
+            shutil.copy2(so, ext / so.name)
+        for path in [*cand.rglob("*"), *ext.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        inside = self.sandbox.paths(mounts)
+        nonce = os.urandom(8).hex()
+        token = "sc" + secrets.token_hex(6)
+        names = set(plan.checked) | set(plan.pool) | {plan.late, plan.profile}
+        needed = {n: ref.sets[n].inputs for n in names if n in ref.sets}
+        steps = usable_steps(plan.steps, set(ref.sets))
+        offshape = None
+        if plan.offshape and plan.offshape in ref.sets:
+            needed[plan.offshape] = ref.sets[plan.offshape].inputs
+            offshape = {"set": plan.offshape, "init_changed": ref.offshape.get("init_changed", False)}
+        first = ref.sets[plan.pool[0]].ref32 if plan.pool[0] in ref.sets else []
+        poison = [[list(t.shape), str(t.dtype)] for t in first if isinstance(t, torch.Tensor)]
+        memory = None
+        if ref.device == "cuda":
+            allowed, held = memory_budget(ref)
+            memory = {"allowed_extra": int(allowed + held)}
+        header = {
+            "nonce": nonce,
+            "device": ref.device,
+            "ext_name": candidate.build.extension_name,
+            "entry": entry,
+            "cand_dir": inside["cand"],
+            "ext_dir": inside["ext"],
+            "work_dir": inside["work"],
+            "init_seed": plan.init_seed,
+            "span_token": token,
+            "steps": steps,
+            "pool": [p for p in plan.pool if p in ref.sets],
+            "warmup": plan.warmup,
+            "iterations": plan.iterations,
+            "late": plan.late if plan.late in ref.sets else "",
+            "profile_set": plan.profile,
+            "offshape": offshape,
+            "poison_shapes": poison,
+            "memory": memory,
+        }
+        if quick:
+            header.update(steps=steps[:2], warmup=1, iterations=1, late="", offshape=None)
+        payload = wire.dumps(
+            {
+                "init_inputs": ref.init_inputs,
+                "state": ref.state,
+                "sets": needed,
+                "offshape_init": ref.offshape.get("init_inputs", ref.init_inputs),
+            }
+        )
+        return nonce, token, header, payload
 
     def _run_root(self) -> Path:
         root = self.settings.run_dir or Path(tempfile.gettempdir()) / f"stitchcuda-verify-{os.getuid()}"

@@ -82,6 +82,8 @@ class RunSpec:
     # A tool that wraps the interpreter (ncu); it runs inside the sandbox too.
     prefix: list[str] = field(default_factory=list)
     log_limit: int = 6000
+    # More arguments for the script (the candidate runner's --device, --threads, --idle-timeout).
+    args: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -134,6 +136,35 @@ class Outcome:
             return "exited without a completion record"
         last = _last_error_line(self.log_tail)
         return f"exited with code {code}" + (f": {last}" if last else "")
+
+
+@dataclass
+class Launch:
+    """A started sandboxed process, waiting for its job on the pipe the parent holds."""
+
+    spec: RunSpec
+    proc: subprocess.Popen[bytes]
+    token: str
+    job_fd: int
+    log_path: Path
+    uid: int
+    frames: list[tuple[dict[str, Any], bytes]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    reader: threading.Thread | None = None
+
+    def ready(self, timeout: float) -> bool:
+        """Waits until the process says it is prepared (a `ready` frame); False if it died or is late."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(h.get("kind") == "ready" for h, _ in self.frames):
+                return True
+            if self.proc.poll() is not None:
+                return False
+            time.sleep(0.02)
+        return False
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
 
 
 def _last_error_line(text: str) -> str:
@@ -283,7 +314,7 @@ class Sandbox:
             else str(HARNESS_DIR)
         )
         runner = [*spec.prefix, sys.executable, "-I", f"{harness}/{spec.script}", "--job-fd", str(job_fd)]
-        runner += ["--result-fd", str(result_fd), "--uid", str(uid), "--gid", str(uid)]
+        runner += ["--result-fd", str(result_fd), "--uid", str(uid), "--gid", str(uid), *spec.args]
         work = self.inside("work", spec.mounts)
         if self.mode != "bwrap":
             return runner, work
@@ -333,6 +364,11 @@ class Sandbox:
         return env
 
     def run(self, spec: RunSpec) -> Outcome:
+        """Starts the script, sends it its job, waits for it (or kills it), returns what it sent."""
+        return self.finish(self.launch(spec), spec.header, spec.payload)
+
+    def launch(self, spec: RunSpec) -> Launch:
+        """Starts the script; it may prepare (import torch, initialise the device) before its job comes."""
         work = spec.mounts["work"].host
         (work / "tmp").mkdir(parents=True, exist_ok=True)
         uid = -1
@@ -349,7 +385,6 @@ class Sandbox:
         env = self._env(spec, token)
         limits = self._limits(spec, uid)
         log_path = spec.log_path or (work.parent / f"{spec.label}.log")
-        started = time.monotonic()
         with open(log_path, "wb") as log_file:
             try:
                 proc = subprocess.Popen(
@@ -367,31 +402,50 @@ class Sandbox:
             finally:
                 os.close(job_r)
                 os.close(res_w)
-            frames: list[tuple[dict[str, Any], bytes]] = []
-            errors: list[str] = []
-            max_payload = int(self.settings.max_payload_gb * (1 << 30))
-            reader = threading.Thread(target=_read, args=(res_r, frames, errors, max_payload), daemon=True)
-            writer = threading.Thread(target=_write, args=(job_w, spec.header, spec.payload), daemon=True)
-            reader.start()
-            writer.start()
-            timed_out, memory_exceeded = self._watch(proc, spec, started)
-            _kill_tree(proc, token)
+        launch = Launch(spec=spec, proc=proc, token=token, job_fd=job_w, log_path=log_path, uid=uid)
+        max_payload = int(self.settings.max_payload_gb * (1 << 30))
+        launch.reader = threading.Thread(
+            target=_read, args=(res_r, launch.frames, launch.errors, max_payload), daemon=True
+        )
+        launch.reader.start()
+        return launch
+
+    def finish(
+        self, launch: Launch, header: dict[str, Any], payload: bytes, timeout_s: float | None = None
+    ) -> Outcome:
+        """Sends the job; the wall-clock limit counts from here, not from the launch."""
+        spec = launch.spec
+        started = time.monotonic()
+        writer = threading.Thread(target=_write, args=(launch.job_fd, header, payload), daemon=True)
+        writer.start()
+        limit = timeout_s if timeout_s is not None else spec.timeout_s
+        timed_out, memory_exceeded = self._watch(launch.proc, spec, started, limit)
+        _kill_tree(launch.proc, launch.token)
+        reader = launch.reader
+        if reader is not None:
             reader.join(timeout=10)
             if reader.is_alive():
-                _kill_tree(proc, token)
+                _kill_tree(launch.proc, launch.token)
                 reader.join(timeout=5)
-            writer.join(timeout=1)
-        seconds = time.monotonic() - started
+        writer.join(timeout=1)
         return Outcome(
-            frames=frames,
-            returncode=proc.returncode,
+            frames=[f for f in launch.frames if f[0].get("kind") != "ready"],
+            returncode=launch.proc.returncode,
             timed_out=timed_out,
             memory_exceeded=memory_exceeded,
-            wire_error=errors[0] if errors else "",
-            log_tail=_tail(log_path, spec.log_limit),
-            seconds=seconds,
+            wire_error=launch.errors[0] if launch.errors else "",
+            log_tail=_tail(launch.log_path, spec.log_limit),
+            seconds=time.monotonic() - started,
             sandbox=self.mode,
         )
+
+    def discard(self, launch: Launch) -> None:
+        """Kills a launched process that will never get its job."""
+        with contextlib.suppress(OSError):
+            os.close(launch.job_fd)
+        _kill_tree(launch.proc, launch.token)
+        if launch.reader is not None:
+            launch.reader.join(timeout=5)
 
     def _limits(self, spec: RunSpec, uid: int) -> Any:
         nproc = self.settings.nproc_limit
@@ -412,7 +466,9 @@ class Sandbox:
 
         return apply
 
-    def _watch(self, proc: subprocess.Popen[bytes], spec: RunSpec, started: float) -> tuple[bool, bool]:
+    def _watch(
+        self, proc: subprocess.Popen[bytes], spec: RunSpec, started: float, limit: float
+    ) -> tuple[bool, bool]:
         rss_limit = spec.memory_bytes
         next_rss = 0.0
         while True:
@@ -422,7 +478,7 @@ class Sandbox:
             except subprocess.TimeoutExpired:
                 pass
             now = time.monotonic()
-            if now - started > spec.timeout_s:
+            if now - started > limit:
                 return True, False
             if rss_limit and now >= next_rss:
                 next_rss = now + 0.25

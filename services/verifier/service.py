@@ -297,6 +297,7 @@ class VerifierService:
                 cached.uses += 1
                 return cached
             plan = build_plan(pol.trials, pol.pool, pol.warmup, pol.iterations)
+            self.candidates.settle()  # no standby may still be starting while the baseline is timed
             ref = self.references.run(source, device, plan, compile_baseline=pol.compile_baseline)
             ref.uses = 1
             with self._lock:
@@ -351,6 +352,10 @@ class VerifierService:
         verdict.seconds = time.monotonic() - started
         verdict.feedback = feedback.render(verdict)
         log.info("verdict %s: %s", verdict.candidate_id or "-", verdict.reason)
+
+    def close(self) -> None:
+        """Stops the standby runner processes (they also exit with this process, or when idle)."""
+        self.candidates.close()
 
     # --- convenience for tests, benchmarks and the CLI -------------------------------------------
 

@@ -52,6 +52,11 @@ class VerifierSettings(CommonSettings):
     build_cache_dir: Path | None = None
     run_dir: Path | None = None
 
+    # Start the next candidate runner (interpreter, torch, device; no candidate yet) while the parent
+    # evaluates the last one, so warm verifications skip that start-up.
+    standby: bool = True
+    standby_idle_s: float = 900.0
+
     # Reference results (inputs, ground truth, baselines) are reused for a few candidates of one problem.
     reference_reuse: int = 8
     reference_ttl_s: float = 900.0

@@ -198,6 +198,7 @@ def watched_functions(torch: Any) -> dict[str, Any]:
         "torch.nn.Module._call_impl": lambda: torch.nn.Module._call_impl,
         "torch.save": lambda: torch.save,
         "torch.profiler.profile": lambda: torch.profiler.profile,
+        "torch.autograd.profiler.profile": lambda: torch.autograd.profiler.profile,
         "torch.autograd.profiler.record_function": lambda: torch.autograd.profiler.record_function,
         "time.perf_counter": lambda: time.perf_counter,
         "time.perf_counter_ns": lambda: time.perf_counter_ns,
@@ -501,9 +502,8 @@ def os_threads() -> int:
 
 
 def main() -> None:
-    _args, job_file, out = common.start("StitchCUDA candidate runner")
+    args, job_file, out = common.start("StitchCUDA candidate runner")
     t_start = common.now()
-    header, payload = common.read_job(job_file)
     write_frame, dumps = wire.write_frame, wire.dumps
     phases: dict[str, float] = {}
 
@@ -524,36 +524,48 @@ def main() -> None:
         with channel_lock:
             write_frame(out, head, blob)
 
-    device = header["device"]
-    roots = {"cand": header["cand_dir"], "ext": header["ext_dir"], "work": header["work_dir"]}
-    cand_roots = (roots["cand"], roots["ext"])
-    findings = Findings()
-
-    mark("job")
+    # Everything up to the job is candidate-independent, so it can run before the candidate is known
+    # (a standby process): the interpreter, torch, the device, timers, warm thread pools.
+    device = args.device
     import torch
 
     mark("torch")
-
     if device == "cuda" and not torch.cuda.is_available():
         send(
             {"kind": "fault", "stage": "device", "error": "torch.cuda.is_available() is False in the sandbox"}
         )
         exit_now(out, 4)
-    if header.get("threads"):
-        torch.set_num_threads(int(header["threads"]))
-    data = wire.loads(payload)
-    del payload
+    if args.threads:
+        torch.set_num_threads(args.threads)
     clock = common.Clock(device)
     sync = clock.sync
     no_grad = torch.no_grad
     tensor_cls = torch.Tensor
-    profiler = torch.profiler
+    profile_cls = torch.autograd.profiler.profile
     record_function = torch.profiler.record_function
-
     # Prime lazily created thread pools so later growth means the candidate started threads.
     (torch.randn(1 << 16, device=device) * 2).sum()
     torch.randn(64, 64, device=device) @ torch.randn(64, 64, device=device)
     sync()
+    send({"kind": "ready"})
+
+    header, payload = common.read_job(job_file, idle_timeout=args.idle_timeout)
+    t_job = common.now()
+    mark("job")
+    if header["device"] != device:
+        send(
+            {
+                "kind": "fault",
+                "stage": "device",
+                "error": f"runner prepared for {device}, job is for {header['device']}",
+            }
+        )
+        exit_now(out, 4)
+    roots = {"cand": header["cand_dir"], "ext": header["ext_dir"], "work": header["work_dir"]}
+    cand_roots = (roots["cand"], roots["ext"])
+    findings = Findings()
+    data = wire.loads(payload)
+    del payload
     sets: dict[str, list[Any]] = data["sets"]
 
     memory = header.get("memory") or {}
@@ -786,13 +798,10 @@ def main() -> None:
         auditor.phase = "profile"
         prof_set = header["profile_set"]
         xs = to_device(sets[prof_set], device)
-        activities = [profiler.ProfilerActivity.CPU]
-        if device == "cuda":
-            activities.append(profiler.ProfilerActivity.CUDA)
         sync()
         prof_on[0] = True
         before = custom_calls[0]
-        with profiler.profile(activities=activities) as prof:
+        with open_profiler(profile_cls, torch, device) as prof:
             with record_function(f"{token}::forward"):
                 if device == "cuda":
                     torch.cuda._sleep(2000)  # a marker kernel on the caller's stream
@@ -855,9 +864,21 @@ def main() -> None:
         mem["reserved"] = torch.cuda.memory_reserved()
     send(mem)
     mark("end")
+    phases["after_job"] = round(common.now() - t_job, 4)
     send({"kind": "findings", "items": findings.items})
     send({"kind": "done", "nonce": header["nonce"], "calls": calls[0], "phases": phases})
     exit_now(out, 0)
+
+
+def open_profiler(profile_cls: Any, torch: Any, device: str) -> Any:
+    """The autograd profiler on kineto (torch.profiler.profile first imports torch._inductor: seconds)."""
+    try:
+        return profile_cls(use_device="cuda" if device == "cuda" else None, use_kineto=True)
+    except TypeError:  # an older signature
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        return torch.profiler.profile(activities=activities)
 
 
 def wrap_extension(

@@ -27,6 +27,10 @@ def start(description: str) -> tuple[argparse.Namespace, BinaryIO, BinaryIO]:
     parser.add_argument("--result-fd", type=int, required=True)
     parser.add_argument("--uid", type=int, default=-1)
     parser.add_argument("--gid", type=int, default=-1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=0)
+    # A standby runner that gets no job in this long exits on its own.
+    parser.add_argument("--idle-timeout", type=float, default=0.0)
     args = parser.parse_args()
     if args.uid >= 0 and os.getuid() == 0:
         os.setgroups([])
@@ -51,7 +55,15 @@ def rearm_parent_death_signal() -> None:
         pass
 
 
-def read_job(job: BinaryIO, max_payload: int = 64 << 30) -> tuple[dict[str, Any], bytes]:
+def read_job(
+    job: BinaryIO, max_payload: int = 64 << 30, idle_timeout: float = 0.0
+) -> tuple[dict[str, Any], bytes]:
+    if idle_timeout > 0:
+        import select
+
+        readable, _, _ = select.select([job.fileno()], [], [], idle_timeout)
+        if not readable:
+            os._exit(5)
     frames = list(wire.read_frames(job, max_payload))
     job.close()
     if len(frames) != 1:

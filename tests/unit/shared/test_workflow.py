@@ -183,3 +183,33 @@ def test_replan_stores_a_new_plan_and_codes_from_it():
     assert [r.plan_key.rsplit("/", 1)[-1] for r in h.coder_requests] == ["plan-0.pb", "plan-1.pb"]
     assert all(h.artifacts.exists(r.plan_key) for r in h.coder_requests)
     assert job.status.replans == 1 and job.status.state == jobs_pb2.JOB_STATE_SUCCEEDED
+
+
+def test_a_store_failure_mid_transition_is_redone_on_redelivery():
+    h = Harness([1.5, 1.5])
+    put = h.artifacts.put
+    failures = []
+
+    def flaky_put(key, data, content_type="application/octet-stream"):
+        if "/result/" in key and not failures:
+            failures.append(key)
+            raise ConnectionError("S3 went away")
+        put(key, data, content_type)
+
+    h.artifacts.put = flaky_put
+    delivered = []
+    verify = h.verify
+
+    def verify_and_remember(data):
+        delivered.append(data)
+        verify(data)
+
+    h.transport.register(transport.VERIFIER_CPU, verify_and_remember)
+    with pytest.raises(ConnectionError):
+        h.run(rounds=0)
+    (job,) = h.jobs.list_jobs("acme")[0]
+    assert job.status.state != jobs_pb2.JOB_STATE_SUCCEEDED
+    verify_and_remember(delivered[0])  # the transport redelivers the unacknowledged message
+    final = h.jobs.get(job.job_id)
+    assert final.status.state == jobs_pb2.JOB_STATE_SUCCEEDED
+    assert h.artifacts.exists(final.artifacts["model_new.py"])

@@ -120,6 +120,7 @@ def test_hostile_candidate_gets_a_verdict(service: VerifierService, tmp_path, na
 def test_parent_survives_and_leaves_no_processes_behind(service: VerifierService):
     verdict = service.verify(REF01.read_text(), read_dir(FIXTURES / "honest_cpu"), device="cpu")
     assert verdict.accepted, verdict.feedback
+    service.close()  # the prepared standby runner is the only process allowed to outlive a verify
     base = service.settings.sandbox_uid_base
     leftovers = []
     for entry in os.listdir("/proc"):
