@@ -80,7 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         settings = VerifierSettings()
         if args.no_compile_baseline:
             settings.compile_baseline = False
-        verdict = VerifierService(settings).verify(reference, cand, device=device)
+        settings.standby = False  # one verification: no runner to prepare for a next one
+        service = VerifierService(settings)
+        try:
+            verdict = service.verify(reference, cand, device=device)
+        finally:
+            service.close()
     except (StitchError, OSError) as exc:
         if args.json:
             print(json.dumps({"accepted": False, "error": str(exc), "code": getattr(exc, "code", "io")}))

@@ -221,7 +221,11 @@ class VerifierService:
         profile, acc = evaluate.profile(run, ref, sources, verdict.timing.median_ms, plan, pol, findings)
         verdict.profile.CopyFrom(profile)
         if acc is not None and ref.device == "cuda" and verdict.correct and not findings.rejects():
-            self._ncu(candidate, ext_dir, ref, acc, verdict, findings)
+            try:
+                self._ncu(candidate, ext_dir, ref, acc, verdict, findings)
+            except Exception as exc:  # counters are feedback only: never a reason to reject
+                log.warning("ncu counters failed: %s", exc)
+                findings.add("profile.ncu-unavailable", "INFO", f"ncu failed: {type(exc).__name__}: {exc}")
         evaluate.memory(run, ref, findings)
         verdict.speedup_vs_eager = verdict.timing.speedup_vs_eager
         verdict.speedup_vs_compile = verdict.timing.speedup_vs_compile

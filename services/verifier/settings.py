@@ -61,8 +61,9 @@ class VerifierSettings(CommonSettings):
     reference_reuse: int = 8
     reference_ttl_s: float = 900.0
 
-    # Nsight Compute counters for the top kernels (GPU only): auto = when ncu exists and works.
-    ncu: Literal["auto", "on", "off"] = "auto"
+    # Nsight Compute counters for the top custom kernels of accepted GPU candidates (feedback only; a
+    # second, short run under ncu). "auto" runs it where ncu exists; off by default as it costs seconds.
+    ncu: Literal["auto", "on", "off"] = "off"
     ncu_timeout_s: float = 180.0
 
     def build_root(self) -> Path:
