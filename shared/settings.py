@@ -37,6 +37,10 @@ class CommonSettings(BaseSettings):
     s3_secure: bool = False
     s3_region: str = "us-east-1"
 
+    # Per-node bound on concurrent CUDA contexts (verifier workers on one node share the slots).
+    gpu_slots_per_gpu: int = Field(default=1, ge=1)
+    gpu_slot_dir: Path = Path("/tmp/stitchcuda-gpu-slots")
+
     # HMAC key for API-key hashing and signed tokens.
     secret_key: SecretStr = SecretStr("dev-only-secret")
     max_reference_bytes: int = 256 * 1024

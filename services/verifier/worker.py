@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from stitchcuda.api.v1 import jobs_pb2, messages_pb2, verify_pb2
 from stitchcuda.shared.artifacts import ArtifactStore
 from stitchcuda.shared.errors import ProblemError
+from stitchcuda.shared.gpu_slots import gpu_slot, visible_gpus
+from stitchcuda.shared.settings import CommonSettings
 from stitchcuda.shared.transport import VERIFIER_GPU, Transport
 from stitchcuda.shared.worker import BaseWorker, device_name
 from stitchcuda.shared.workflow import Workflow
@@ -15,11 +20,27 @@ class VerifierWorker(BaseWorker):
     stage = "verify"
 
     def __init__(
-        self, service: VerifierService, workflow: Workflow, artifacts: ArtifactStore, transport: Transport
+        self,
+        service: VerifierService,
+        workflow: Workflow,
+        artifacts: ArtifactStore,
+        transport: Transport,
+        settings: CommonSettings | None = None,
     ) -> None:
         super().__init__(workflow, artifacts)
         self.service = service
         self.transport = transport
+        self.settings = settings or CommonSettings()
+
+    @contextlib.contextmanager
+    def _device_slot(self, device: str) -> Iterator[None]:
+        """On CUDA, holds one of the node's context slots for this worker's GPU while a candidate runs."""
+        gpus = visible_gpus() if device == "cuda" else []
+        if not gpus:
+            yield
+            return
+        with gpu_slot(self.settings.gpu_slot_dir, gpus[0], self.settings.gpu_slots_per_gpu):
+            yield
 
     def work(self, env: messages_pb2.Envelope, job: jobs_pb2.Job) -> None:
         if env.WhichOneof("body") == "build_request":
@@ -56,15 +77,17 @@ class VerifierWorker(BaseWorker):
         source = self.load_reference(req.reference_key)
         candidate = self.load_candidate(req.candidate_key)
         plan = self.load_plan(req.plan_key) if req.plan_key and self.artifacts.exists(req.plan_key) else None
+        device = device_name(req.device or job.spec.device)
         try:
-            verdict = self.service.verify(
-                source,
-                candidate,
-                device=device_name(req.device or job.spec.device),
-                policy=req.policy,
-                plan=plan,
-                progress=self.progress_callback(env),
-            )
+            with self._device_slot(device):
+                verdict = self.service.verify(
+                    source,
+                    candidate,
+                    device=device,
+                    policy=req.policy,
+                    plan=plan,
+                    progress=self.progress_callback(env),
+                )
         except ProblemError as exc:
             verdict = verify_pb2.Verdict(
                 schema_version=1, candidate_id=candidate.candidate_id, accepted=False, reason=str(exc)

@@ -165,7 +165,6 @@ class OpenAIClient:
         with self._lock:
             if self._client is None:
                 try:
-                    import httpx
                     import openai
                 except ImportError as exc:  # the [platform] extra is not installed
                     raise Unavailable(
@@ -174,7 +173,7 @@ class OpenAIClient:
                 self._client = openai.OpenAI(
                     base_url=self.base_url,
                     api_key=self.api_key or "EMPTY",
-                    timeout=httpx.Timeout(self.request_timeout_s, connect=self.connect_timeout_s),
+                    timeout=openai.Timeout(self.request_timeout_s, connect=self.connect_timeout_s),
                     max_retries=0,
                 )
             return self._client

@@ -421,9 +421,9 @@ class Host:
             terms = " * ".join(f"{src}.size({d})" for d in op.attrs["dims"]) or "1"
             return [f"const int64_t {name} = {terms};"]
         if fn == "getitem":
-            src = self.g.values[op.args[0].id]
-            if src.kind != "shape":
-                raise Unsupported(f"{op.origin}: indexing a {src.kind}")
+            source = self.g.values[op.args[0].id]
+            if source.kind != "shape":
+                raise Unsupported(f"{op.origin}: indexing a {source.kind}")
             idx = op.args[1]
             vec = host_var(op.args[0].id)
             if isinstance(idx, Const) and isinstance(idx.value, int):

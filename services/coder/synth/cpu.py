@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from stitchcuda.coder.synth import libops, rnn
 from stitchcuda.coder.synth.codegen import (
     CTYPE,
@@ -53,7 +56,7 @@ class CpuKernels:
         out.extend(f"float s{i}" for i in range(len(info.scalars)))
         return out
 
-    def scalar_fn(self, info: KernelInfo):  # type: ignore[no-untyped-def]
+    def scalar_fn(self, info: KernelInfo) -> Callable[[Any], str]:
         keys = [key for _, key in info.scalars]
 
         def scalar(a: object) -> str:
@@ -256,7 +259,17 @@ class CpuKernels:
             k.name, params, body, f"row kernel ({info.max_level} passes): {', '.join(k.origins)}"
         )
 
-    def split_path(self, info, accs, bases, row_section, element_pass, finalize, scalar, row_load):  # type: ignore[no-untyped-def]
+    def split_path(
+        self,
+        info: KernelInfo,
+        accs: dict[str, str],
+        bases: Callable[[], list[str]],
+        row_section: Callable[[Scope, int], None],
+        element_pass: Callable[[Scope, int, str, str], list[str]],
+        finalize: Callable[[Scope, int], list[str]],
+        scalar: Callable[[Any], str],
+        row_load: Callable[[str], str],
+    ) -> list[str]:
         """Few long rows: chunks of every row reduce in parallel, then each row combines its chunks."""
         k = info.kernel
         grain = self.grain
@@ -317,7 +330,7 @@ class CpuKernels:
         src = pool.args[0].id
         dims = ["d", "h", "w"][3 - nd :]
 
-        def loader(domain: str, flat: str):  # type: ignore[no-untyped-def]
+        def loader(domain: str, flat: str) -> Callable[[str], str]:
             def load(ident: str) -> str:
                 i = index[(ident, domain)]
                 acc = info.operands[i].access

@@ -335,7 +335,9 @@ class CudaKernels:
                     out.append(f"const float4 f{i} = cache{i}[it];")
                     cached_ops.add(i)
                 else:
-                    out.append(f"const float4 f{i} = reinterpret_cast<const float4*>(in{i} + r * cols)[c0 / 4];")
+                    out.append(
+                        f"const float4 f{i} = reinterpret_cast<const float4*>(in{i} + r * cols)[c0 / 4];"
+                    )
                     out.append(f"cache{i}[it] = f{i};")
                     cached_ops.add(i)
             loaded.update(pass_used)
@@ -405,7 +407,12 @@ class CudaKernels:
                     scope.need(op.out)
 
         def element_pass(
-            row_scope: Scope, level: int, c_begin: str, c_end: str, acc_map: dict[str, str], cache: bool = False
+            row_scope: Scope,
+            level: int,
+            c_begin: str,
+            c_end: str,
+            acc_map: dict[str, str],
+            cache: bool = False,
         ) -> list[str]:
             reds = [r for r in info.reductions if r.level == level]
             decls = [
@@ -592,8 +599,16 @@ class CudaKernels:
         return "\n".join([*main, "", *split_code, "", *launcher])
 
     def row_split(
-        self, info, element_pass, reduce_block, finalize, row_section, bases, scalar, row_load
-    ) -> list[str]:  # type: ignore[no-untyped-def]
+        self,
+        info: KernelInfo,
+        element_pass: Callable[..., list[str]],
+        reduce_block: Callable[[int, dict[str, str]], list[str]],
+        finalize: Callable[[Scope, int, dict[str, str]], list[str]],
+        row_section: Callable[[Scope, int], None],
+        bases: Callable[[], list[str]],
+        scalar: Callable[[Any], str],
+        row_load: Callable[[str], str],
+    ) -> list[str]:
         """Few long rows: stage 1 reduces chunks of each row in separate blocks, stage 2 combines them."""
         k = info.kernel
         reds = [r for r in info.reductions if r.level == 1]

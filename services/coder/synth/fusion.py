@@ -111,19 +111,19 @@ def prepare(graph: Graph, variant: Variant) -> Graph:
             and variant.conv_bias == "epilogue"
         )
         if split_linear or split_conv:
-            out = graph.values[op.out]
+            out_value = graph.values[op.out]
             raw = _fresh(graph, op.out + "_nobias")
-            graph.values[raw] = Value(raw, "tensor", out.shape, contiguous_strides(out.shape))
+            graph.values[raw] = Value(raw, "tensor", out_value.shape, contiguous_strides(out_value.shape))
             bias = op.args[-1]
             lib = Op(LIB, op.fn, raw, op.args[:-1], dict(op.attrs, bias=False), origin=op.origin)
             ops.append(lib)
             graph.producer[raw] = lib
             if split_conv:
                 c = graph.values[bias.id].shape[0]
-                view_shape = (c,) + (1,) * (len(out.shape) - 2)
+                view_shape = (c,) + (1,) * (len(out_value.shape) - 2)
                 vid = _fresh(graph, op.out + "_bias")
                 graph.values[vid] = Value(vid, "tensor", view_shape, contiguous_strides(view_shape))
-                dyn = [-1] + [1] * (len(out.shape) - 2)
+                dyn = [-1] + [1] * (len(out_value.shape) - 2)
                 view = Op(VIEW, "reshape", vid, [bias], {"shape": dyn}, origin=op.origin)
                 ops.append(view)
                 graph.producer[vid] = view

@@ -114,7 +114,8 @@ class Normalizer:
         """Decodes one encoded fx argument (node refs, literals, float attributes of the model)."""
         if isinstance(raw, dict):
             if "node" in raw:
-                return Ref(self.alias.get(raw["node"], raw["node"]))
+                name = str(raw["node"])
+                return Ref(self.alias.get(name, name))
             if "float" in raw:
                 return Const(float(raw["float"]))
             if "slice" in raw:
@@ -755,21 +756,19 @@ class Normalizer:
         n_dim = self.host_int("size", [x, Const(0)], shape[0], origin)
         c_dim = self.host_int("size", [x, Const(1)], c, origin)
         per_group = self.host_int("floordiv", [c_dim, Const(groups)], c // groups, origin)
-        xv = self.view_op("reshape", x, {"shape": [n_dim, Const(groups), per_group, Const(-1)]}, gshape, origin)
+        xv = self.view_op(
+            "reshape", x, {"shape": [n_dim, Const(groups), per_group, Const(-1)]}, gshape, origin
+        )
         mean = self.reduce("mean", xv, (2, 3), True, origin)
         d = self.emit_ew("sub", [xv, mean], [], origin)
         var = self.reduce("mean", self.emit_ew("mul", [d, d], [], origin), (2, 3), True, origin)
         rstd = self.emit_ew("rsqrt", [self.emit_ew("add", [var, eps], [], origin)], [], origin)
         y = self.emit_ew("mul", [d, rstd], [], origin)
         if weight is not None:
-            wv = self.view_op(
-                "reshape", weight, {"shape": [groups, -1, 1]}, (groups, c // groups, 1), origin
-            )
+            wv = self.view_op("reshape", weight, {"shape": [groups, -1, 1]}, (groups, c // groups, 1), origin)
             y = self.emit_ew("mul", [y, wv], [], origin)
         if bias is not None:
-            bv = self.view_op(
-                "reshape", bias, {"shape": [groups, -1, 1]}, (groups, c // groups, 1), origin
-            )
+            bv = self.view_op("reshape", bias, {"shape": [groups, -1, 1]}, (groups, c // groups, 1), origin)
             y = self.emit_ew("add", [y, bv], [], origin)
         return self.view_op("reshape_like", y, {"like": x}, shape, origin)
 
@@ -859,7 +858,10 @@ class Normalizer:
 
     def fn_linear(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
         b = kwargs.get("bias", args[2] if len(args) > 2 else None)
-        return self.linear(node, args[0], kwargs.get("weight", args[1] if len(args) > 1 else None), b)
+        w = kwargs.get("weight", args[1] if len(args) > 1 else None)
+        if not isinstance(w, Ref) or not isinstance(args[0], Ref):
+            raise Unsupported(f"{node.name}: linear without tensor operands")
+        return self.linear(node, args[0], w, b if isinstance(b, Ref) else None)
 
     def fn_matmul(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
         return self.lib("matmul", [args[0], args[1]], {}, node)
@@ -947,7 +949,7 @@ class Normalizer:
                 raise Unsupported("adaptive pooling with a None output size")
             if got.get("return_indices") is not None and self.literal(got["return_indices"]):
                 raise Unsupported("pooling with indices")
-            return {"nd": nd, "output_size": [int(s) for s in sizes]}
+            return {"nd": nd, "output_size": [int(s) for s in sizes if s is not None]}
         kernel = tup(got["kernel_size"])
         assert kernel is not None
         attrs: dict[str, Any] = {
@@ -964,7 +966,8 @@ class Normalizer:
         else:
             attrs["count_include_pad"] = bool(self.literal(got.get("count_include_pad", Const(True))))
             div = got.get("divisor_override")
-            attrs["divisor_override"] = int(self.literal(div)) if div is not None and self.literal(div) else 0
+            override = self.literal(div) if div is not None else None
+            attrs["divisor_override"] = int(override) if override else 0
         return attrs
 
     def _pool_fn(self, node: TracedNode, fn: str, args: list[Any], kwargs: dict[str, Any]) -> Ref:
@@ -1068,6 +1071,8 @@ class Normalizer:
         cls = mod.get("class", "")
         a = mod.get("attrs", {})
         x = args[0] if args else kwargs.get("input")
+        if not isinstance(x, Ref):
+            raise Unsupported(f"{node.name}: module {cls} called without a tensor argument")
         if cls in ACTIVATION_MODULES:
             fn, keys = ACTIVATION_MODULES[cls]
             if cls == "Hardtanh":
@@ -1097,9 +1102,9 @@ class Normalizer:
             self.define(node, self.softmax_of(x, int(a["dim"]), node.name, log=cls == "LogSoftmax"))
             return
         if cls == "Linear":
-            self.define(
-                node, self.linear(node, x, self.module_param(node, "weight"), self.module_param(node, "bias"))
-            )  # type: ignore[arg-type]
+            w = self.module_param(node, "weight")
+            assert w is not None
+            self.define(node, self.linear(node, x, w, self.module_param(node, "bias")))
             return
         if cls in ("Conv1d", "Conv2d", "Conv3d"):
             if a.get("padding_mode", "zeros") != "zeros":

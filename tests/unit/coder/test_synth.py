@@ -280,3 +280,21 @@ def test_programs_without_gemms_contain_no_library_code(synth: Synthesizer) -> N
     cand = to_candidate(synth.synthesize(source("04_softmax"), None, variant=Variant(), device="cuda"))
     text = "\n".join(f.content for f in cand.files)
     assert "at::mm" not in text and "addmm" not in text and "infer_size" not in text
+
+
+def test_plan_fusion_boundaries_are_respected(synth: Synthesizer) -> None:
+    from stitchcuda.api.v1 import plan_pb2
+
+    plan = plan_pb2.Plan()
+    first = plan.subtasks.add(id="stats", kind=plan_pb2.SUBTASK_KIND_REDUCTION)
+    for name in ("pow_1", "mean"):
+        first.ops.add(name=name)
+    second = plan.subtasks.add(id="scale", kind=plan_pb2.SUBTASK_KIND_ELEMENTWISE)
+    for name in ("add", "rsqrt", "mul", "mul_1"):
+        second.ops.add(name=name)
+    trace = synth.trace(source("10_rmsnorm"))
+    _, fused = synth.lower(trace, Variant(), plan)
+    _, split = synth.lower(trace, Variant(fusion="plan"), plan)
+    assert [k.kind for k in fused.kernels] == ["row"]
+    assert [k.kind for k in split.kernels] == ["row", "pointwise"]
+    assert split.kernels[0].origins == ["mean", "pow_1"]
