@@ -51,7 +51,8 @@ class VerifierService:
     ) -> None:
         self.settings = settings or VerifierSettings()
         self.sandbox = Sandbox(self.settings)
-        store = artifacts or LocalArtifactStore(self.settings.state_root() / "build-cache")
+        # Without a platform store, builds are shared through the local artifact folder (STITCH_ARTIFACT_DIR).
+        store = artifacts or LocalArtifactStore(self.settings.resolved_artifact_dir())
         self.builder = Builder(self.settings, store, self.sandbox)
         self.references = ReferenceRunner(self.settings, self.sandbox)
         self.candidates = CandidateRunner(self.settings, self.sandbox)

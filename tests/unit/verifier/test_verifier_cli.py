@@ -7,8 +7,8 @@ import json
 import pytest
 from verifier_support import FIXTURES, REF01
 
+from stitchcuda.shared.artifacts import LocalArtifactStore
 from stitchcuda.verifier.cli import main
-from stitchcuda.verifier.service import VerifierService
 
 
 def test_missing_reference_is_a_usage_error(tmp_path, capsys):
@@ -19,10 +19,10 @@ def test_missing_reference_is_a_usage_error(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_json_verdict_and_exit_codes(service: VerifierService, tmp_path, monkeypatch, capsys):
-    # Reuse the session's extracted builds so the CLI's fresh service compiles nothing.
+def test_json_verdict_and_exit_codes(build_store: LocalArtifactStore, tmp_path, monkeypatch, capsys):
+    # The CLI's fresh service shares the test build cache through the artifact folder: no compile.
     monkeypatch.setenv("STITCH_HOME", str(tmp_path))
-    monkeypatch.setenv("STITCH_BUILD_CACHE_DIR", str(service.builder.root))
+    monkeypatch.setenv("STITCH_ARTIFACT_DIR", str(build_store.root))
     code = main(
         [str(REF01), str(FIXTURES / "honest_cpu"), "--device", "cpu", "--json", "--no-compile-baseline"]
     )
