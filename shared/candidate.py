@@ -207,15 +207,32 @@ def from_kernelbench_source(source: str, backend: str) -> code_pb2.Candidate:
         sources.append("kernels.cu")
         backend = "cuda"
 
-    # The load_inline assignment becomes the import line; everything else stays as written.
+    # The load_inline assignment becomes the import line, and the imports of the JIT builder go (the
+    # Verifier builds; a candidate that imports the builder itself is flagged); the rest stays as written.
     lines = source.splitlines()
     stmt = next(s for s in tree.body if any(n is call for n in ast.walk(s)))
     target = "ext"
     if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name):
         target = stmt.targets[0].id
-    start, end = stmt.lineno - 1, (stmt.end_lineno or stmt.lineno)
-    replacement = [import_line(ext_name)] + ([f"{target} = ext"] if target != "ext" else [])
-    entry = "\n".join(lines[:start] + replacement + lines[end:]) + "\n"
+    replacement = [import_line(ext_name)]
+    edits = {stmt.lineno - 1: (stmt.end_lineno or stmt.lineno, replacement)}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module == "torch.utils.cpp_extension":
+            edits[node.lineno - 1] = (node.end_lineno or node.lineno, [])
+    kept: list[str] = []
+    index = 0
+    while index < len(lines):
+        if index in edits:
+            end, new_lines = edits[index]
+            kept.extend(new_lines)
+            index = end
+        else:
+            kept.append(lines[index])
+            index += 1
+    entry = "\n".join(kept) + "\n"
+    if target != "ext":
+        # The one import line names the module `ext`; uses of the candidate's own name follow it.
+        entry = re.sub(rf"\b{re.escape(target)}\b", "ext", entry)
     files.insert(0, code_pb2.SourceFile(path=ENTRY, content=entry))
 
     def flags(key: str) -> list[str]:

@@ -11,6 +11,38 @@ _LEVEL = {
 }
 
 
+# Short guidance per rule, attached to the verdict's `docs` for the next optimize round.
+HINTS = {
+    "build.failed": "Fix the first compiler error; the Verifier builds the extension from manifest.json.",
+    "D1.crash": "forward raised or the process died: check bounds, launch configuration and TORCH_CHECKs.",
+    "D1.timeout": "The run exceeded its time limit: look for infinite loops or a grid that never finishes.",
+    "D3.mismatch": "Outputs differ from float64 ground truth: check the math, reductions and edge tiles.",
+    "D3.nonfinite": "NaN/Inf where the reference is finite: guard divisions, exp overflow, unwritten memory.",
+    "D3.dtype": "Return exactly the reference's dtype; compute in the problem's precision.",
+    "D3.shape": "Return exactly the reference's shape; do not rely on fixed benchmark dimensions.",
+    "D5.input-mutated": "Never write into the inputs; allocate the output (torch::empty) and fill it fully.",
+    "D5.aliases-output": "Return a new output tensor on each call; outputs cached across calls are rejected.",
+    "D5.stride0": "Materialise the full output; broadcast views of one row are rejected.",
+    "D6.low-custom-share": "Move the dominant operation (the largest non-custom kernel) into your kernel.",
+    "D6.no-custom-kernel": "forward must run the extension's kernels on every call.",
+    "D6.skipped-work": "Every call must compute from its inputs; results cached by pointer or count fail.",
+    "D6.unjoined-stream": "Work on a side stream must be joined to the caller's stream before returning.",
+    "D7.below-floor": "The time is below what the bytes and FLOPs allow: the kernel skipped work.",
+    "D8.state-changed": "Do not change global numeric flags (TF32, matmul precision, cudnn settings).",
+    "D8.function-replaced": "Do not replace torch or time functions.",
+    "D4.off-shape": "Handle any shape: bounds checks on every tile, grids computed from the inputs.",
+}
+
+
+def hints(v: verify_pb2.Verdict, limit: int = 4) -> list[str]:
+    found: list[str] = []
+    for f in v.findings:
+        text = HINTS.get(f.rule)
+        if f.severity >= verify_pb2.SEVERITY_WARNING and text and text not in found:
+            found.append(f"{f.rule}: {text}")
+    return found[:limit]
+
+
 def _ms(x: float) -> str:
     return f"{x:.4f} ms" if x < 1 else f"{x:.3f} ms"
 

@@ -355,6 +355,8 @@ class VerifierService:
             if verdict.speedup_vs_compile:
                 verdict.reason += f", {verdict.speedup_vs_compile:.2f}x vs torch.compile"
         verdict.seconds = time.monotonic() - started
+        del verdict.docs[:]
+        verdict.docs.extend(feedback.hints(verdict))
         verdict.feedback = feedback.render(verdict)
         log.info("verdict %s: %s", verdict.candidate_id or "-", verdict.reason)
 

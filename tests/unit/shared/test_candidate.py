@@ -64,7 +64,8 @@ def test_kernelbench_file_becomes_files_and_manifest():
     assert cand.build.extension_name == "add_one_ext" and cand.build.cflags == ["-O3"]
     assert "PYBIND11_MODULE" in files["binding.cpp"] and "add_one" in files["binding.cpp"]
     assert "load_inline(" not in files["model_new.py"].split("import add_one_ext as ext")[1]
-    assert "ext_mod = ext" in files["model_new.py"]
+    assert "return ext.add_one(x)" in files["model_new.py"]
+    assert "cpp_extension" not in files["model_new.py"]
 
 
 def test_kernelbench_file_with_computed_sources_is_refused():
