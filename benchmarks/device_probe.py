@@ -12,7 +12,7 @@ import torch
 
 def run(cmd: list[str]) -> str:
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
         return (out.stdout + out.stderr).strip()[:400]
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"failed: {exc}"
@@ -34,7 +34,11 @@ def ceilings() -> dict[str, float]:
     torch.cuda.synchronize()
     copy_s = start.elapsed_time(end) / 1000 / 20
     result = {"copy_gbs": 2 * a.numel() * 4 / copy_s / 1e9}
-    for name, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32, True), ("bf16", torch.bfloat16, False)):
+    for name, dtype, tf32 in (
+        ("fp32", torch.float32, False),
+        ("tf32", torch.float32, True),
+        ("bf16", torch.bfloat16, False),
+    ):
         torch.backends.cuda.matmul.allow_tf32 = tf32
         m = 8192
         x = torch.randn(m, m, device=dev, dtype=dtype)
@@ -69,12 +73,16 @@ def main() -> None:
     if deb:
         subprocess.run(["dpkg", "-x", f".whl/deb/{deb}", "/tmp/bw"], check=False)
         bw = "/tmp/bw/usr/bin/bwrap"
-        info["carried_bwrap"] = run([bw, "--unshare-net", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"]) or "ok"
+        info["carried_bwrap"] = (
+            run([bw, "--unshare-net", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"])
+            or "ok"
+        )
     from torch.utils.cpp_extension import load_inline
 
     t0 = time.time()
     cuda_src = """
-    __global__ void add1(const float* x, float* y, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = x[i] + 1.f; }
+    __global__ void add1(const float* x, float* y, int n) {
+      int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = x[i] + 1.f; }
     torch::Tensor add_one(torch::Tensor x) { auto y = torch::empty_like(x); int n = x.numel();
       add1<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n); return y; }
     """

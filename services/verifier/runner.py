@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import secrets
 import shutil
 import tempfile
 import threading
+import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +56,9 @@ class CandidateRunner:
         self.sandbox = sandbox
         self._standby: dict[str, tuple[Launch, Path]] = {}
         self._lock = threading.Lock()
+        # A standby dies with this process; its folder must not outlive it either.
+        atexit.register(_close_at_exit, weakref.ref(self))
+        self._sweep()
 
     def run(
         self,
@@ -219,6 +226,20 @@ class CandidateRunner:
         root.mkdir(parents=True, exist_ok=True)
         os.chmod(root, 0o711)
         return root
+
+    def _sweep(self) -> None:
+        """Removes run folders left by processes that died without cleaning up (older than any run)."""
+        limit = time.time() - (self.settings.standby_idle_s + 2 * self.settings.run_timeout_s + 60)
+        for path in self._run_root().glob("cand-*"):
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime < limit:
+                    shutil.rmtree(path, ignore_errors=True)
+
+
+def _close_at_exit(ref: weakref.ref[CandidateRunner]) -> None:
+    runner = ref()
+    if runner is not None:
+        runner.close()
 
 
 def _nbytes(items: list[Any] | None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,5 +22,9 @@ def build_store() -> LocalArtifactStore:
 
 
 @pytest.fixture(scope="session")
-def service(tmp_path_factory: pytest.TempPathFactory, build_store: LocalArtifactStore) -> VerifierService:
-    return VerifierService(fast_settings(tmp_path_factory.mktemp("verifier-home")), artifacts=build_store)
+def service(
+    tmp_path_factory: pytest.TempPathFactory, build_store: LocalArtifactStore
+) -> Iterator[VerifierService]:
+    svc = VerifierService(fast_settings(tmp_path_factory.mktemp("verifier-home")), artifacts=build_store)
+    yield svc
+    svc.close()
