@@ -184,44 +184,14 @@ def verify(
     except ProblemError as exc:
         raise _fail(str(exc)) from None
     if as_json:
-        sys.stdout.write(json.dumps(verdict_json(verdict), indent=2) + "\n")
+        from stitchcuda.verifier.cli import verdict_json
+
+        sys.stdout.write(json.dumps(verdict_json(verdict, resolved), indent=2) + "\n")
     else:
         from stitchcuda.progress import print_verdict
 
         print_verdict(Console(), verdict)
     raise typer.Exit(EXIT_OK if verdict.accepted else EXIT_REJECTED)
-
-
-def verdict_json(verdict: Any) -> dict[str, Any]:
-    from google.protobuf.json_format import MessageToDict
-
-    from stitchcuda.api.v1 import verify_pb2
-
-    severity = {
-        verify_pb2.SEVERITY_INFO: "info",
-        verify_pb2.SEVERITY_WARNING: "warning",
-        verify_pb2.SEVERITY_REJECT: "reject",
-    }
-    return {
-        "accepted": verdict.accepted,
-        "compiled": verdict.compiled,
-        "correct": verdict.correct,
-        "speedup_vs_eager": verdict.speedup_vs_eager,
-        "speedup_vs_compile": verdict.speedup_vs_compile,
-        "custom_kernel_share": verdict.custom_kernel_share,
-        "reason": verdict.reason,
-        "device": {1: "auto", 2: "cpu", 3: "cuda"}.get(verdict.device, "cpu"),
-        "findings": [
-            {
-                "rule": f.rule,
-                "severity": severity.get(f.severity, "info"),
-                "detail": f.detail,
-                "where": f.where,
-            }
-            for f in verdict.findings
-        ],
-        "verdict": MessageToDict(verdict, preserving_proto_field_name=True),
-    }
 
 
 @app.command()
