@@ -253,6 +253,7 @@ class CudaKernels:
         align = " && ".join(f"aligned16({p})" for p in [*self.contig_ptrs(info), "out"])
         vec_cond = f"{align} && (cols % 4 == 0 || {str(not general).lower()})" if vec_ok else "false"
         wide = ", ".join(self.call_args(info, ["n", "cols"]))
+        narrow = ", ".join(self.call_args(info, ["static_cast<int32_t>(n)", "static_cast<int32_t>(cols)"]))
         launcher = [
             f"static void {k.name}_launch(",
             "    " + ",\n    ".join(self.launcher_params(info, ["int64_t n", "int64_t cols"])) + ") {",
@@ -265,16 +266,19 @@ class CudaKernels:
             f"(work + {block - 1}) / {block}, "
             f"static_cast<int64_t>(sm_count()) * {max(2048 // block, 1)}));",
             "  const bool small = n < (int64_t(1) << 31) - 1;",
-            "  if (vec4 && small)",
-            f"    {k.name}_kernel<4, int32_t><<<blocks, {block}, 0, stream>>>("
-            + ", ".join(self.call_args(info, ["static_cast<int32_t>(n)", "static_cast<int32_t>(cols)"]))
-            + ");",
-            "  else if (vec4)",
-            f"    {k.name}_kernel<4, int64_t><<<blocks, {block}, 0, stream>>>({wide});",
-            "  else if (small)",
-            f"    {k.name}_kernel<1, int32_t><<<blocks, {block}, 0, stream>>>("
-            + ", ".join(self.call_args(info, ["static_cast<int32_t>(n)", "static_cast<int32_t>(cols)"]))
-            + ");",
+            *(
+                [
+                    "  if (vec4 && small)",
+                    f"    {k.name}_kernel<4, int32_t><<<blocks, {block}, 0, stream>>>({narrow});",
+                    "  else if (vec4)",
+                    f"    {k.name}_kernel<4, int64_t><<<blocks, {block}, 0, stream>>>({wide});",
+                    "  else if (small)",
+                ]
+                if vec_ok
+                # Only the scalar instantiations exist when float4 cannot apply (non-float data).
+                else ["  if (small)"]
+            ),
+            f"    {k.name}_kernel<1, int32_t><<<blocks, {block}, 0, stream>>>({narrow});",
             "  else",
             f"    {k.name}_kernel<1, int64_t><<<blocks, {block}, 0, stream>>>({wide});",
             "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
@@ -590,7 +594,7 @@ class CudaKernels:
                 if rcache and vec_ok
                 else ["  if (vec4)"]
             ),
-            f"    {k.name}_kernel<4, false><<<blocks, threads, 0, stream>>>({row_args});",
+            f"    {k.name}_kernel<{4 if vec_ok else 1}, false><<<blocks, threads, 0, stream>>>({row_args});",
             "  else",
             f"    {k.name}_kernel<1, false><<<blocks, threads, 0, stream>>>({row_args});",
             "  C10_CUDA_KERNEL_LAUNCH_CHECK();",

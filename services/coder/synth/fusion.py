@@ -282,7 +282,27 @@ class Fuser:
                     frontier.append(self.g.producer[a].args[0].id)
                 else:
                     rejected.add(a)
+        if reductions and not self._fits_domain(root, reductions, key[0]):
+            return None
         return reductions, rejected
+
+    def _fits_domain(self, root: str, reductions: list[str], shape: tuple[int, ...]) -> bool:
+        """Every tensor the row kernel would read must broadcast to its domain (a squeezed row-shaped
+        value does not: it is read by a separate kernel instead)."""
+        stop = set(reductions)
+        roots = [root] if root not in stop else []
+        operands = self.closure(roots, stop - {root})[2] if roots else []
+        for r in reductions:
+            operands += self.closure([self.g.producer[r].args[0].id], stop, top=False)[2]
+        for o in operands:
+            if o in stop:
+                continue
+            try:
+                if broadcast_shapes(self.g.values[o].shape, shape) != shape:
+                    return False
+            except Unsupported:
+                return False
+        return True
 
     def pool_group(self, root: str) -> tuple[str | None, set[str]]:
         root_op = self.g.producer[root]
