@@ -357,3 +357,7 @@ _mount_admin()
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

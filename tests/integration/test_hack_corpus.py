@@ -50,8 +50,11 @@ def describe(v: verify_pb2.Verdict) -> str:
 
 
 @pytest.mark.parametrize("folder", sync.cases(DEVICE), ids=lambda p: p.name)
-def test_corpus_verdict(service, folder):
+def test_corpus_verdict(service, folder, request):
     e = sync.expect(folder)
+    if e.get("known_gap"):
+        # A gap the Verifier still has, recorded in the issue: strict, so closing the gap fails this marker.
+        request.applymarker(pytest.mark.xfail(reason=f"known gap: {e['known_gap']}", strict=True))
     v = verdict_for(service, folder)
     if e["expected"] == "accept":
         assert v.accepted, f"honest {folder.name} ({e['why']}) was rejected\n{describe(v)}"
@@ -64,8 +67,10 @@ def test_corpus_verdict(service, folder):
     [f for f in sync.cases(DEVICE) if sync.expect(f)["caught_by"] in ("runtime", "both")],
     ids=lambda p: p.name,
 )
-def test_runtime_checks_reject_on_their_own(service, folder):
+def test_runtime_checks_reject_on_their_own(service, folder, request):
     e = sync.expect(folder)
+    if e.get("known_gap"):
+        request.applymarker(pytest.mark.xfail(reason=f"known gap: {e['known_gap']}", strict=True))
     v = verdict_for(service, folder)
     runtime = [
         f for f in v.findings if f.severity == verify_pb2.SEVERITY_REJECT and not f.rule.startswith("D11.")
