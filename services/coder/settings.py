@@ -10,24 +10,28 @@ from pydantic_settings import SettingsConfigDict
 from stitchcuda.shared.settings import CommonSettings
 
 
-def _env(name: str, **kwargs: Any) -> Any:
-    """A field read from STITCH_CODER_<NAME>, settable by field name too."""
-    return Field(validation_alias=AliasChoices(f"STITCH_CODER_{name.upper()}", name), **kwargs)
+def _env(name: str, *shared: str, **kwargs: Any) -> Any:
+    """A field read from STITCH_CODER_<NAME>, then from the shared names given, settable by field name too."""
+    return Field(validation_alias=AliasChoices(f"STITCH_CODER_{name.upper()}", *shared, name), **kwargs)
 
 
 class CoderSettings(CommonSettings):
-    """Common settings from STITCH_*, the Coder's own from STITCH_CODER_* (e.g. STITCH_CODER_BASE_URL)."""
+    """Common settings from STITCH_*, the Coder's own from STITCH_CODER_* (e.g. STITCH_CODER_BASE_URL).
+
+    The endpoint fields also read the platform-wide STITCH_LLM_* names (shared with the Planner), so one
+    `STITCH_LLM_BASE_URL` points every agent at the same vLLM; a STITCH_CODER_* name overrides it.
+    """
 
     model_config = SettingsConfigDict(
         env_prefix="STITCH_", env_file=None, extra="ignore", populate_by_name=True
     )
 
     # ---- LLM backend (an OpenAI-compatible server: vLLM, or any hosted endpoint) ----
-    base_url: str = _env("base_url", default="http://127.0.0.1:8000/v1")
-    model: str = _env("model", default="stitchcuda-coder")
-    api_key: SecretStr = _env("api_key", default=SecretStr("EMPTY"))
+    base_url: str = _env("base_url", "STITCH_LLM_BASE_URL", default="http://127.0.0.1:8000/v1")
+    model: str = _env("model", "STITCH_LLM_MODEL", default="stitchcuda-coder")
+    api_key: SecretStr = _env("api_key", "STITCH_LLM_API_KEY", default=SecretStr("EMPTY"))
     # The LoRA adapter to request instead of the base model (vLLM serves adapters under their own name).
-    lora_adapter: str = _env("lora_adapter", default="")
+    lora_adapter: str = _env("lora_adapter", "STITCH_LLM_LORA", default="")
     temperature: float = _env("temperature", default=0.7, ge=0.0, le=2.0)
     top_p: float = _env("top_p", default=0.95, gt=0.0, le=1.0)
     max_tokens: int = _env("max_tokens", default=8192, ge=256)

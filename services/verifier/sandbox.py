@@ -241,6 +241,8 @@ class Sandbox:
             log.warning("%s", self.warning)
         self.mode = mode
         self.root = os.geteuid() == 0
+        # Every uid this sandbox ran a process as, so a caller can prove none of them outlived it.
+        self.uids_used: set[int] = set()
         python_home_open = _world_traversable(Path(sys.base_prefix)) and _world_traversable(Path(sys.prefix))
         # Without bwrap, a separate uid only works if it can still read the interpreter.
         self.drop_uid = self.root and (mode == "bwrap" or python_home_open)
@@ -374,6 +376,7 @@ class Sandbox:
         uid = -1
         if self.drop_uid:
             uid = self.settings.sandbox_uid_base + secrets.randbelow(60_000)
+            self.uids_used.add(uid)
             for path in [work, *work.rglob("*")]:
                 with contextlib.suppress(OSError):
                     os.chown(path, uid, uid)
