@@ -24,8 +24,15 @@ from stitchcuda.coder.synth.ir import Unsupported
 from stitchcuda.coder.synth.runtime import HEADER_NAME
 from stitchcuda.coder.synth.variants import Variant
 
-CFLAGS = ["-O3", "-fopenmp", "-std=c++17"]
+# -fno-trapping-math lets the vectorizer if-convert the branch-free math of stitch_runtime.h; it changes
+# no result, only whether floating-point exception flags are raised.
+CFLAGS = ["-O3", "-fno-trapping-math", "-fopenmp", "-std=c++17"]
 LDFLAGS = ["-fopenmp"]
+
+
+def param_name(param: str) -> str:
+    """'const float* __restrict__ in0' -> 'in0'."""
+    return param.rsplit(maxsplit=1)[-1].lstrip("*&")
 
 
 def indent(lines: list[str], n: int) -> list[str]:
@@ -102,14 +109,11 @@ class CpuKernels:
         for i in general:
             j = self.desc_slot(info, i)
             lines.append(f"const int64_t cs{i} = desc[{j}].nc ? desc[{j}].cstr[0] : 0;")
-        grain = self.grain
         if not general:
             loop = [
-                f"at::parallel_for(0, n, {grain}, [&](int64_t begin, int64_t end) {{",
-                "  for (int64_t i = begin; i < end; ++i) {",
-                *indent(body, 4),
-                "  }",
-                "});",
+                "for (int64_t i = begin; i < end; ++i) {",
+                *indent(body, 2),
+                "}",
             ]
         else:
             bases = [
@@ -117,24 +121,41 @@ class CpuKernels:
                 for i in general
             ]
             loop = [
-                f"at::parallel_for(0, n, {grain}, [&](int64_t begin, int64_t end) {{",
-                "  int64_t i = begin;",
-                "  while (i < end) {",
-                "    const int64_t r = i / cols;",
-                "    int64_t c = i - r * cols;",
-                "    const int64_t c_end = std::min<int64_t>(cols, c + (end - i));",
-                *indent(bases, 4),
-                "    for (; c < c_end; ++c, ++i) {",
-                *indent(body, 6),
-                "    }",
+                "int64_t i = begin;",
+                "while (i < end) {",
+                "  const int64_t r = i / cols;",
+                "  int64_t c = i - r * cols;",
+                "  const int64_t c_end = std::min<int64_t>(cols, c + (end - i));",
+                *indent(bases, 2),
+                "  for (; c < c_end; ++c, ++i) {",
+                *indent(body, 4),
                 "  }",
-                "});",
+                "}",
             ]
         params = self.params(info, ["int64_t n", "int64_t cols"])
-        return self.function(k.name, params, [*lines, *loop], f"pointwise: {', '.join(k.origins)}")
+        # The loop lives in its own function: its pointer parameters stay __restrict__ (a lambda's
+        # by-reference captures would not be, and the loop would stay scalar), and it can be cloned
+        # per instruction set.
+        ranged = self.function(
+            f"{k.name}_range",
+            ["int64_t begin", "int64_t end", *params],
+            [*lines, *loop],
+            "one thread's share of the elements",
+            attributes="STITCH_CPU_CLONES ",
+        )
+        args = ", ".join(["begin", "end", *(param_name(p) for p in params)])
+        call = [
+            f"at::parallel_for(0, n, {self.grain}, [&](int64_t begin, int64_t end) {{",
+            f"  {k.name}_range({args});",
+            "});",
+        ]
+        outer = self.function(k.name, params, call, f"pointwise: {', '.join(k.origins)}")
+        return f"{ranged}\n\n{outer}"
 
-    def function(self, name: str, params: list[str], body: list[str], comment: str) -> str:
-        head = f"// {name}: {comment}\nstatic void {name}(\n    " + ",\n    ".join(params) + ") {"
+    def function(
+        self, name: str, params: list[str], body: list[str], comment: str, attributes: str = ""
+    ) -> str:
+        head = f"// {name}: {comment}\n{attributes}static void {name}(\n    " + ",\n    ".join(params) + ") {"
         return "\n".join([head, *indent(body, 2), "}"])
 
     # ---- row kernels -----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ HEADER = r"""// stitch_runtime.h: shared by the host code and the kernels of a s
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <vector>
@@ -23,7 +24,71 @@ HEADER = r"""// stitch_runtime.h: shared by the host code and the kernels of a s
 #define STITCH_UNROLL
 #endif
 
+// The CPU kernels' range functions are built twice, for x86-64-v3 (AVX2 + FMA) and for the baseline,
+// and the loader picks one for the machine: one binary, vector speed wherever it runs.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && __GNUC__ >= 11
+#define STITCH_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define STITCH_CPU_CLONES
+#endif
+
 namespace stitch {
+
+// ---- exp and tanh: the device's own in kernels; on the host, branch-free forms (about 1 ulp) ----
+// libm's expf/tanhf are calls, which keep every loop that uses them scalar; these inline to plain
+// arithmetic that the compiler vectorizes (with -fno-trapping-math). NaN and +-Inf as in libm.
+inline float st_bits_to_float(uint32_t i) {
+  float f;
+  std::memcpy(&f, &i, sizeof f);
+  return f;
+}
+inline uint32_t st_float_to_bits(float f) {
+  uint32_t i;
+  std::memcpy(&i, &f, sizeof i);
+  return i;
+}
+STITCH_HD float st_expf(float x) {
+#if defined(__CUDA_ARCH__)
+  return expf(x);
+#else
+  float xc = x < -87.0f ? -87.0f : x;
+  xc = xc > 88.0f ? 88.0f : xc;
+  // round(x / ln 2) by adding 1.5 * 2^23: no float-to-int conversion, so no branch in the loop.
+  const float shifted = xc * 1.44269504088896341f + 12582912.0f;
+  const float n = shifted - 12582912.0f;
+  float r = xc - n * 0.693359375f;  // Cody-Waite: ln 2 in two parts
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;  // minimax polynomial for (e^r - 1 - r) / r^2 on [-ln2/2, ln2/2]
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const float scale = st_bits_to_float((st_float_to_bits(shifted) - 0x4B400000u + 127u) << 23);
+  float y = p * scale;
+  y = x > 88.7228f ? std::numeric_limits<float>::infinity() : y;
+  y = x < -103.97f ? 0.0f : y;
+  return x != x ? x : y;
+#endif
+}
+STITCH_HD float st_tanhf(float x) {
+#if defined(__CUDA_ARCH__)
+  return tanhf(x);
+#else
+  const float a = fabsf(x);
+  const float z = x * x;
+  float s = -5.70498872745e-3f;  // odd polynomial below 0.625, where 1 - 2/(e^2x + 1) cancels
+  s = s * z + 2.06390887954e-2f;
+  s = s * z - 5.37397155531e-2f;
+  s = s * z + 1.33314422036e-1f;
+  s = s * z - 3.33332819422e-1f;
+  const float small = s * z * x + x;
+  const float e = st_expf(2.0f * (a < 9.0f ? a : 9.0f));
+  const float big = copysignf(1.0f - 2.0f / (e + 1.0f), x);
+  return a < 0.625f ? small : big;
+#endif
+}
 
 // ---- float32 semantics of the elementwise ops (NaN propagation as in PyTorch) ----
 STITCH_HD float st_relu(float x) { return x < 0.f ? 0.f : x; }
@@ -31,17 +96,17 @@ STITCH_HD float st_clamp(float x, float lo, float hi) { return x < lo ? lo : (x 
 STITCH_HD float st_clamp_min(float x, float lo) { return x < lo ? lo : x; }
 STITCH_HD float st_clamp_max(float x, float hi) { return x > hi ? hi : x; }
 STITCH_HD float st_leaky_relu(float x, float s) { return x > 0.f ? x : x * s; }
-STITCH_HD float st_sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
-STITCH_HD float st_silu(float x) { return x / (1.f + expf(-x)); }
+STITCH_HD float st_sigmoid(float x) { return 1.f / (1.f + st_expf(-x)); }
+STITCH_HD float st_silu(float x) { return x / (1.f + st_expf(-x)); }
 STITCH_HD float st_gelu(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752440f)); }
 STITCH_HD float st_gelu_tanh(float x) {
   const float inner = 0.79788456080286535588f * (x + 0.044715f * x * x * x);
-  return 0.5f * x * (1.f + tanhf(inner));
+  return 0.5f * x * (1.f + st_tanhf(inner));
 }
 STITCH_HD float st_softplus(float x, float beta, float threshold) {
-  return (x * beta) > threshold ? x : log1pf(expf(x * beta)) / beta;
+  return (x * beta) > threshold ? x : log1pf(st_expf(x * beta)) / beta;
 }
-STITCH_HD float st_mish(float x) { return x * tanhf(st_softplus(x, 1.f, 20.f)); }
+STITCH_HD float st_mish(float x) { return x * st_tanhf(st_softplus(x, 1.f, 20.f)); }
 STITCH_HD float st_hardsigmoid(float x) { return st_clamp(x + 3.f, 0.f, 6.f) / 6.f; }
 STITCH_HD float st_hardswish(float x) { return x * st_clamp(x + 3.f, 0.f, 6.f) / 6.f; }
 STITCH_HD float st_elu(float x, float alpha) { return x > 0.f ? x : alpha * expm1f(x); }
@@ -51,7 +116,7 @@ STITCH_HD float st_selu(float x) {
 STITCH_HD float st_celu(float x, float alpha) {
   return (x > 0.f ? x : 0.f) + fminf(0.f, alpha * expm1f(x / alpha));
 }
-STITCH_HD float st_logsigmoid(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
+STITCH_HD float st_logsigmoid(float x) { return fminf(x, 0.f) - log1pf(st_expf(-fabsf(x))); }
 STITCH_HD float st_sign(float x) { return (x > 0.f) ? 1.f : ((x < 0.f) ? -1.f : x); }
 STITCH_HD float st_maximum(float a, float b) { return (a != a || a > b) ? a : b; }
 STITCH_HD float st_minimum(float a, float b) { return (a != a || a < b) ? a : b; }
