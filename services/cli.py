@@ -102,6 +102,7 @@ def optimize(
     staging = Path(tempfile.mkdtemp(prefix="stitchcuda-run-"))
     platform = EmbeddedPlatform(CommonSettings(), artifact_root=staging / "artifacts")
     from stitchcuda.progress import EventPrinter
+    from stitchcuda.shared.report import vs_compile
 
     printer = EventPrinter(console)
     try:
@@ -124,7 +125,7 @@ def optimize(
     status = job.status
     console.print(
         f"[bold green]verified[/] {prob.name}: [bold]{status.best_speedup_vs_eager:.2f}x[/] vs eager, "
-        f"{status.best_speedup_vs_compile:.2f}x vs torch.compile ({status.best_candidate_id})"
+        f"{vs_compile(status.best_speedup_vs_compile)} ({status.best_candidate_id})"
     )
     console.print(f"wrote {out / 'model_new.py'}, {out / 'report.html'}")
 

@@ -67,7 +67,12 @@ def _verdict_detail(verdict: verify_pb2.Verdict) -> dict[str, Any]:
 
 
 def build(
-    job: jobs_pb2.Job, artifacts: ArtifactStore, state: pipeline.LoopState | None, reason: str
+    job: jobs_pb2.Job,
+    artifacts: ArtifactStore,
+    state: pipeline.LoopState | None,
+    reason: str,
+    *,
+    final_state: jobs_pb2.JobState.ValueType | None = None,
 ) -> dict[str, Any]:
     """Collects what a person wants to see about a finished (or failed) job."""
     plan: dict[str, Any] | None = None
@@ -110,7 +115,9 @@ def build(
         "tenant_id": job.tenant_id,
         "problem": job.spec.problem_name,
         "device": jobs_pb2.Device.Name(job.spec.device).removeprefix("DEVICE_").lower(),
-        "state": jobs_pb2.JobState.Name(job.status.state).removeprefix("JOB_STATE_").lower(),
+        "state": jobs_pb2.JobState.Name(final_state if final_state is not None else job.status.state)
+        .removeprefix("JOB_STATE_")
+        .lower(),
         "succeeded": bool(best_id),
         "reason": reason,
         "best": details.get(best_id),
@@ -129,10 +136,20 @@ def to_html(data: dict[str, Any]) -> str:
     template = resources.files("stitchcuda.shared").joinpath("templates/report.html.j2").read_text()
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["pct"] = lambda v: f"{100 * float(v or 0):.1f}%"
-    env.filters["x"] = lambda v: f"{float(v or 0):.2f}x"
+    env.filters["x"] = lambda v: speedup_text(float(v or 0))
     env.filters["ms"] = lambda v: f"{float(v or 0):.4f} ms"
     env.filters["si"] = _si
     return env.from_string(template).render(r=data)
+
+
+def speedup_text(value: float) -> str:
+    """A speedup as people read it; 0 means the baseline was not measured (or not available)."""
+    return f"{value:.2f}x" if value > 0 else "n/a"
+
+
+def vs_compile(value: float) -> str:
+    """'1.42x vs torch.compile', or why there is no such number."""
+    return f"{value:.2f}x vs torch.compile" if value > 0 else "torch.compile not timed"
 
 
 def _si(value: float) -> str:

@@ -15,6 +15,7 @@ from rich.console import Console
 from stitchcuda.api.v1 import gateway_pb2, gateway_pb2_grpc, jobs_pb2
 from stitchcuda.shared.devices import NAMES
 from stitchcuda.shared.envelope import SCHEMA_VERSION
+from stitchcuda.shared.report import vs_compile
 
 TERMINAL = frozenset({jobs_pb2.JOB_STATE_SUCCEEDED, jobs_pb2.JOB_STATE_FAILED, jobs_pb2.JOB_STATE_CANCELLED})
 RESULT_FILES = ("model_new.py", "report.json", "report.html", "candidate.pb")
@@ -202,7 +203,7 @@ def submit_main(
             if job.status.state == jobs_pb2.JOB_STATE_SUCCEEDED:
                 console.print(
                     f"[bold green]verified[/]: {job.status.best_speedup_vs_eager:.2f}x vs eager, "
-                    f"{job.status.best_speedup_vs_compile:.2f}x vs torch.compile"
+                    f"{vs_compile(job.status.best_speedup_vs_compile)}"
                 )
             if out is not None:
                 for path in download_results(client, job, out):

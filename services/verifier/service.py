@@ -127,7 +127,8 @@ class VerifierService:
             pool=s.timing_pool,
             min_custom_share=p.min_custom_share or s.min_custom_share,
             review_speedup=p.review_speedup or s.review_speedup,
-            compile_baseline=bool(p.compile_baseline) or (policy is None and s.compile_baseline),
+            # The worker's setting is the floor: a request can add the torch.compile baseline, not drop it.
+            compile_baseline=bool(p.compile_baseline) or s.compile_baseline,
             allowed_rules=list(p.allowed_rules),
             timeout_s=p.timeout_s or s.run_timeout_s,
             precision=p.allowed_precision,

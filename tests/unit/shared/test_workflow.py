@@ -1,9 +1,11 @@
 """The workflow over in-memory stores and the in-process transport, with scripted services."""
 
+import json
+
 import pytest
 
 from stitchcuda.api.v1 import code_pb2, jobs_pb2, plan_pb2, verify_pb2
-from stitchcuda.shared import transport
+from stitchcuda.shared import report, transport
 from stitchcuda.shared.artifacts import MemoryArtifactStore
 from stitchcuda.shared.envelope import decode
 from stitchcuda.shared.errors import ProblemError
@@ -96,6 +98,14 @@ def test_job_runs_all_rounds_and_keeps_the_best():
     for name in ("model_new.py", "report.json", "report.html", "plan"):
         assert h.artifacts.exists(job.artifacts[name]), name
     assert "ext_demo" in h.artifacts.get(job.artifacts["model_new.py"]).decode()
+    report = json.loads(h.artifacts.get(job.artifacts["report.json"]))
+    assert report["state"] == "succeeded" and report["best_row"]["speedup_vs_eager"] == pytest.approx(1.8)
+    assert "0.90x" in h.artifacts.get(job.artifacts["report.html"]).decode()  # vs torch.compile
+
+
+def test_speedups_that_were_not_measured_read_as_such():
+    assert report.vs_compile(0.0) == "torch.compile not timed" and report.speedup_text(0.0) == "n/a"
+    assert report.vs_compile(1.234) == "1.23x vs torch.compile"
 
 
 def test_events_tell_the_story_in_order():
@@ -121,6 +131,7 @@ def test_no_verified_candidate_fails_with_a_report():
     assert job.status.state == jobs_pb2.JOB_STATE_FAILED
     assert "no verified candidate" in job.status.message
     assert h.artifacts.exists(job.artifacts["report.html"])
+    assert json.loads(h.artifacts.get(job.artifacts["report.json"]))["state"] == "failed"
     assert "model_new.py" not in job.artifacts
 
 
