@@ -36,6 +36,9 @@ def test_optimize_writes_a_verified_program(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["succeeded"] and report["best_row"]["accepted"]
     assert report["best_row"]["speedup_vs_eager"] > 0
+    # Both baselines are measured in every verdict: torch.compile too, also on the CPU backend.
+    assert report["best_row"]["speedup_vs_compile"] > 0 and "x vs torch.compile" in proc.stderr
+    assert report["state"] == "succeeded"
     assert "<table>" in (out / "report.html").read_text()
     # The exported file is a drop-in KernelBench module: it builds its own extension and matches the reference.
     check = (
