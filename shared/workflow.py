@@ -78,10 +78,23 @@ class Workflow:
 
     # -- entry points -------------------------------------------------------------------------------
 
-    def submit(self, spec: jobs_pb2.JobSpec, tenant_id: str, *, job_id: str = "") -> jobs_pb2.Job:
-        """Validates the reference, stores the job and sends it to the Planner. Idempotent on the key."""
+    def submit(
+        self,
+        spec: jobs_pb2.JobSpec,
+        tenant_id: str,
+        *,
+        job_id: str = "",
+        reference_stored: bool = False,
+    ) -> jobs_pb2.Job:
+        """Validates the reference, stores the job and sends it to the Planner. Idempotent on the key.
+
+        `reference_stored`: the caller already validated the source and put it under
+        Keys.reference(tenant_id, job_id) (the gateway does, before the job exists), so it is not
+        parsed or uploaded a second time.
+        """
         name = spec.problem_name or "reference"
-        validate_source(spec.reference_source, max_bytes=self._max_reference_bytes, name=name)
+        if not (reference_stored and job_id):
+            validate_source(spec.reference_source, max_bytes=self._max_reference_bytes, name=name)
         if not tenant_id:
             raise InvalidRequest("a job needs a tenant")
         spec = _with_defaults(spec)
@@ -95,13 +108,13 @@ class Workflow:
             created_at=_now(),
             updated_at=_now(),
         )
+        key = Keys.reference(tenant_id, job.job_id)
+        job.artifacts["reference"] = key  # deterministic, so the record can name it before the upload
         stored = self.jobs.create(job)
         if stored.job_id != job.job_id:
             return stored
-        key = Keys.reference(tenant_id, job.job_id)
-        self.artifacts.put(key, spec.reference_source.encode(), "text/x-python")
-        job.artifacts["reference"] = key
-        self.jobs.put(job)
+        if not reference_stored:
+            self.artifacts.put(key, spec.reference_source.encode(), "text/x-python")
         self._event(job, jobs_pb2.EVENT_KIND_STATE, "submitted", stage="queued")
         decision = pipeline.start(limits_of(spec.options))
         with self.jobs.lock(job.job_id):

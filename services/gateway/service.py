@@ -161,7 +161,7 @@ class JobService:
             self.artifacts.put(
                 Keys.reference(tenant.tenant_id, job_id), spec.reference_source.encode(), "text/x-python"
             )
-            job = self.workflow.submit(spec, tenant.tenant_id, job_id=job_id)
+            job = self.workflow.submit(spec, tenant.tenant_id, job_id=job_id, reference_stored=True)
         except BaseException as exc:
             self.tenancy.release(tenant, job_id)
             self._fail_half_submitted(job_id, exc)

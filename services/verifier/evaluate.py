@@ -238,8 +238,14 @@ def _shape_probe(
     probe.ok, probe.rel_l2, probe.max_abs, probe.detail = check.ok, w.rel_l2, w.max_abs, w.detail
     probe.tolerance = tols[0].rel_l2 if tols else 0.0
     if not check.ok:
+        # A silent wrong answer on a legal shape is a wrong program (hack #28: hard-coded dims, no bounds
+        # checks). A problem that promises fixed shapes lists D4 in allowed_rules, which makes this a
+        # warning; a kernel that refuses other shapes with an error is only a warning (above).
         findings.add(
-            "D4.off-shape", "WARNING", f"overfit to the benchmark shape ({dims}): {w.detail}", "offshape"
+            "D4.off-shape",
+            "REJECT",
+            f"wrong results off the benchmark shape ({dims}): {w.detail}",
+            "offshape",
         )
 
 

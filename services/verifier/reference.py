@@ -197,6 +197,7 @@ class ReferenceRunner:
                     "dims": head.get("dims", {}),
                     "init_changed": bool(head.get("init_changed")),
                     "init_inputs": data.get("init_inputs", problem["init_inputs"]),
+                    "state": data.get("state", problem["state"]),
                 }
         timing = dict(outcome.first("timing")[0])
         cost = dict(outcome.first("cost")[0])

@@ -217,6 +217,7 @@ class CandidateRunner:
                 "state": ref.state,
                 "sets": needed,
                 "offshape_init": ref.offshape.get("init_inputs", ref.init_inputs),
+                "offshape_state": ref.offshape.get("state", ref.state),
             }
         )
         return nonce, token, header, payload

@@ -330,11 +330,17 @@ class Sandbox:
             "--unshare-uts",
         ]
         args += ["--unshare-cgroup-try", "--hostname", "sandbox"]
-        args += self._system_binds(spec.device)
+        # The private /tmp first: an interpreter or venv that lives under /tmp (a CI checkout, say) is
+        # bound over it afterwards, on mount points made here with modes the sandbox uid can traverse.
+        private_tmp = spec.mounts["work"].host / "tmp"
+        args += ["--bind", str(private_tmp), "/tmp"]
+        system = self._system_binds(spec.device)
+        _mount_points_under_tmp(system, private_tmp)
+        args += system
         args += ["--ro-bind", str(HARNESS_DIR), f"{INSIDE}/harness"]
         for name, mount in spec.mounts.items():
             args += ["--bind" if mount.writable else "--ro-bind", str(mount.host), f"{INSIDE}/{name}"]
-        args += ["--bind", str(spec.mounts["work"].host / "tmp"), "/tmp", "--chdir", work]
+        args += ["--chdir", work]
         return _with_parent_dirs(args) + runner, "/"
 
     def _env(self, spec: RunSpec, token: str) -> dict[str, str]:
@@ -498,6 +504,24 @@ _BIND_OPTS = {
     "--ro-bind-try",
     "--dev-bind-try",
 }
+
+
+def _mount_points_under_tmp(args: list[str], private_tmp: Path) -> None:
+    """Creates, in the private /tmp, the mount points (0755, with their parents) of binds under /tmp."""
+    i = 0
+    while i < len(args):
+        if args[i] in _BIND_OPTS and i + 2 < len(args):
+            dest = Path(args[i + 2])
+            if dest.is_relative_to("/tmp") and dest != Path("/tmp"):
+                target = private_tmp / dest.relative_to("/tmp")
+                target.mkdir(parents=True, exist_ok=True)
+                for path in [target, *target.parents]:
+                    if path == private_tmp or not path.is_relative_to(private_tmp):
+                        break
+                    path.chmod(0o755)
+            i += 3
+        else:
+            i += 1
 
 
 def _with_parent_dirs(args: list[str]) -> list[str]:

@@ -635,7 +635,7 @@ def main() -> None:
     diff_state(state_before, numeric_state(torch), "after import", findings)
     diff_functions(funcs_before, watched_functions(torch), "after import", findings)
 
-    def construct(init_inputs: list[Any]) -> Any:
+    def construct(init_inputs: list[Any], state: dict[str, Any]) -> Any:
         common_seed = header["init_seed"]
         torch.manual_seed(common_seed)
         if device == "cuda":
@@ -645,7 +645,7 @@ def main() -> None:
             model = model.to(device)
             own = model.state_dict()
             with no_grad():
-                for key, value in data["state"].items():
+                for key, value in state.items():
                     mine = own.get(key)
                     if (
                         isinstance(mine, tensor_cls)
@@ -659,7 +659,7 @@ def main() -> None:
     try:
         auditor.phase = "init"
         stage = "init"
-        model = construct(data["init_inputs"])
+        model = construct(data["init_inputs"], data["state"])
     except BaseException as exc:
         fault("init", exc)
         return
@@ -828,7 +828,11 @@ def main() -> None:
             stage = "offshape"
             try:
                 auditor.phase = "offshape"
-                model2 = construct(data["offshape_init"]) if offshape.get("init_changed") else model
+                model2 = (
+                    construct(data["offshape_init"], data.get("offshape_state", data["state"]))
+                    if offshape.get("init_changed")
+                    else model
+                )
                 xs = to_device(sets[offshape["set"]], device)
                 with no_grad():
                     result = model2(*xs)

@@ -329,7 +329,16 @@ def reference_offshape(
                 "dims": changed,
                 "init_changed": init_changed,
             },
-            wire.dumps({"inputs": items, "ref32": ref32, "ref64": ref64, "init_inputs": new_init}),
+            wire.dumps(
+                {
+                    "inputs": items,
+                    "ref32": ref32,
+                    "ref64": ref64,
+                    "init_inputs": new_init,
+                    # The candidate gets these parameters off-shape too, as it does on-shape.
+                    "state": {k: v.detach().cpu() for k, v in model2.state_dict().items()},
+                }
+            ),
         )
     except Exception as exc:
         send(

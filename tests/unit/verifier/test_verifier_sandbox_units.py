@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from stitchcuda.verifier.sandbox import Outcome, _with_parent_dirs, clean_env
+from stitchcuda.verifier.sandbox import Outcome, _mount_points_under_tmp, _with_parent_dirs, clean_env
 
 
 def test_secrets_are_stripped_from_the_environment():
@@ -54,3 +54,15 @@ def test_bwrap_parents_are_created_world_traversable():
     assert args[:5] == ["bwrap", "--perms", "0755", "--dir", "/a"]
     assert "/a/b" in args and "/sandbox" in args
     assert args.index("/a/b") < args.index("--ro-bind")
+
+
+def test_binds_under_tmp_get_traversable_mount_points_in_the_private_tmp(tmp_path):
+    private = tmp_path / "work" / "tmp"
+    private.mkdir(parents=True)
+    args = ["--ro-bind", "/tmp/ci/checkout/.venv", "/tmp/ci/checkout/.venv", "--ro-bind", "/usr", "/usr"]
+    _mount_points_under_tmp(args, private)
+    venv = private / "ci" / "checkout" / ".venv"
+    assert venv.is_dir()
+    for path in (venv, venv.parent, venv.parent.parent):
+        assert path.stat().st_mode & 0o777 == 0o755, path
+    assert sorted(p.name for p in private.iterdir()) == ["ci"]  # nothing for binds outside /tmp
