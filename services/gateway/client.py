@@ -93,18 +93,33 @@ class GatewayClient:
         )
         return page
 
-    def watch(self, job_id: str, after_seq: str = "", *, reconnects: int = 20) -> Iterator[jobs_pb2.JobEvent]:
-        """Events until the job ends; a dropped stream (gateway restart) resumes after the last seq."""
+    def watch(
+        self,
+        job_id: str,
+        after_seq: str = "",
+        *,
+        reconnects: int = 20,
+        deadline: float | None = None,
+    ) -> Iterator[jobs_pb2.JobEvent]:
+        """Events until the job ends (or `deadline`, a time.monotonic() value, passes: the stream then
+        just ends); a dropped stream (gateway restart) resumes after the last seq."""
         failures = 0
         while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return
             try:
                 for event in self.stub.Watch(
-                    gateway_pb2.WatchRequest(job_id=job_id, after_seq=after_seq), metadata=self.metadata
+                    gateway_pb2.WatchRequest(job_id=job_id, after_seq=after_seq),
+                    metadata=self.metadata,
+                    timeout=remaining,
                 ):
                     after_seq, failures = event.seq, 0
                     yield event
                 return
             except grpc.RpcError as exc:
+                if deadline is not None and exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+                    return
                 failures += 1
                 if exc.code() not in _RETRYABLE or failures > reconnects:
                     raise
@@ -126,10 +141,8 @@ class GatewayClient:
 
     def wait(self, job_id: str, timeout_s: float = 3600.0) -> jobs_pb2.Job:
         """Follows the job's events until it ends (or the timeout) and returns its final record."""
-        deadline = time.monotonic() + timeout_s
-        for _ in self.watch(job_id):
-            if time.monotonic() > deadline:
-                break
+        for _ in self.watch(job_id, deadline=time.monotonic() + timeout_s):
+            pass
         return self.get(job_id)
 
 

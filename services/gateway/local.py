@@ -241,7 +241,10 @@ def run_up(
         nonlocal stopping
         stopping = True
 
+    # Both explicitly: a process started with SIGINT ignored (a background job of a script, say) would
+    # otherwise never see Ctrl-C as KeyboardInterrupt and keep every child running.
     previous = signal.signal(signal.SIGTERM, on_signal)
+    previous_int = signal.signal(signal.SIGINT, on_signal)
     try:
         if endpoint:
             env.update({"STITCH_ARTIFACT_STORE": "s3", "STITCH_S3_ENDPOINT": endpoint})
@@ -294,6 +297,7 @@ def run_up(
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
         console.print("stopping the platform...")
         _stop(children)
         if weed is not None:
