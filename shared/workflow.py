@@ -29,6 +29,10 @@ log = logging.getLogger("stitchcuda.workflow")
 TERMINAL_STATES = frozenset(
     {jobs_pb2.JOB_STATE_SUCCEEDED, jobs_pb2.JOB_STATE_FAILED, jobs_pb2.JOB_STATE_CANCELLED}
 )
+# Actions whose handlers write the job record themselves (results, reports).
+_WRITES_THE_JOB = frozenset(
+    {pipeline.ActionType.FINISH, pipeline.ActionType.FAIL, pipeline.ActionType.CANCELLED}
+)
 _STATE_OF_PHASE = {
     pipeline.Phase.PLANNING: jobs_pb2.JOB_STATE_PLANNING,
     pipeline.Phase.CODING: jobs_pb2.JOB_STATE_CODING,
@@ -235,24 +239,27 @@ class Workflow:
                 raw = self.jobs.load_state(job_id)
                 if raw is None:
                     raise InvalidRequest(f"job {job_id} has no loop state")
-                if summary is not None:
-                    job = self.jobs.get(job_id)
-                    job.rounds.append(summary)
-                    self.jobs.put(job)
-                self._apply(job_id, pipeline.decide(pipeline.LoopState.from_json(raw), event))
+                decision = pipeline.decide(pipeline.LoopState.from_json(raw), event)
+                self._apply(job_id, decision, summary=summary)
             except BaseException:
                 # A store failed part-way: forget the claim so the redelivered message redoes the step.
                 if claimed is not None:
                     self.jobs.release(claimed)
                 raise
 
-    def _apply(self, job_id: str, decision: pipeline.Decision) -> None:
+    def _apply(
+        self, job_id: str, decision: pipeline.Decision, *, summary: jobs_pb2.RoundSummary | None = None
+    ) -> None:
         """Carries out the decision's actions, then saves the new loop state (caller holds the job lock).
 
         The state is saved last: if an action fails, the old state stays and a redelivery decides again.
+        The job record is read once and written once or twice (Redis round trips are most of a round's
+        orchestration cost); it is read again only after actions that write it themselves.
         """
         state = decision.state
         job = self.jobs.get(job_id)
+        if summary is not None:
+            job.rounds.append(summary)
         job.status.round = state.round
         job.status.replans = state.replans
         if state.best is not None:
@@ -264,7 +271,8 @@ class Workflow:
             for action in decision.actions:
                 self._carry_out(job, state, action)
         self.jobs.save_state(job_id, state.to_json())
-        job = self.jobs.get(job_id)
+        if any(a.type in _WRITES_THE_JOB for a in decision.actions):
+            job = self.jobs.get(job_id)
         new_state = _STATE_OF_PHASE[state.phase]
         if job.status.state != new_state:
             job.status.state = new_state
