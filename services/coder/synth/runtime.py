@@ -86,7 +86,8 @@ STITCH_HD float st_tanhf(float x) {
   const float small = s * z * x + x;
   const float e = st_expf(2.0f * (a < 9.0f ? a : 9.0f));
   const float big = copysignf(1.0f - 2.0f / (e + 1.0f), x);
-  return a < 0.625f ? small : big;
+  const float y = a < 0.625f ? small : big;
+  return x != x ? x : y;  // NaN in, NaN out (the clamp above would turn it into +-1)
 #endif
 }
 
