@@ -231,6 +231,7 @@ def bench(
     from stitchcuda.embedded import EmbeddedPlatform
     from stitchcuda.shared import devices, problem
     from stitchcuda.shared.errors import ProblemError
+    from stitchcuda.shared.report import vs_compile
 
     files = sorted(suite.glob(pattern)) if suite.is_dir() else [suite]
     if not files:
@@ -290,7 +291,7 @@ def bench(
     Console().print(
         f"verified {summary['verified']}/{summary['problems']}; "
         f"geomean {summary['geomean_vs_eager']:.2f}x vs eager, "
-        f"{summary['geomean_vs_compile']:.2f}x vs torch.compile"
+        f"{vs_compile(summary['geomean_vs_compile'])}"
     )
     if out:
         out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")

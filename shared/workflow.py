@@ -319,10 +319,8 @@ class Workflow:
                 self.transport.send(VERIFIER_CPU, env)
         elif action.type is pipeline.ActionType.FINISH:
             self._write_result(job, state, action.reason)
-        elif action.type is pipeline.ActionType.FAIL:
-            self._write_report(job, state, action.reason, jobs_pb2.JOB_STATE_FAILED)
-        elif action.type is pipeline.ActionType.CANCELLED:
-            self._write_report(job, state, action.reason, jobs_pb2.JOB_STATE_CANCELLED)
+        elif action.type in (pipeline.ActionType.FAIL, pipeline.ActionType.CANCELLED):
+            self._write_report(job, state, action.reason)
 
     def _policy(self, job: jobs_pb2.Job) -> verify_pb2.VerifyPolicy:
         policy = verify_pb2.VerifyPolicy()
@@ -352,18 +350,12 @@ class Workflow:
         job.status.best_speedup_vs_compile = verdict.speedup_vs_compile
         job.status.best_candidate_id = candidate.candidate_id
         self.jobs.put(job)
-        self._write_report(job, state, reason, jobs_pb2.JOB_STATE_SUCCEEDED)
+        self._write_report(job, state, reason)
 
-    def _write_report(
-        self,
-        job: jobs_pb2.Job,
-        state: pipeline.LoopState,
-        reason: str,
-        final: jobs_pb2.JobState.ValueType,
-    ) -> None:
+    def _write_report(self, job: jobs_pb2.Job, state: pipeline.LoopState, reason: str) -> None:
         """The report says the state the job is entering (the status moves there right after)."""
         job = self.jobs.get(job.job_id)
-        data = report.build(job, self.artifacts, state, reason, final_state=final)
+        data = report.build(job, self.artifacts, state, reason, final_state=_STATE_OF_PHASE[state.phase])
         for name, blob, kind in (
             ("report.json", report.to_json(data).encode(), "application/json"),
             ("report.html", report.to_html(data).encode(), "text/html"),

@@ -506,38 +506,39 @@ _BIND_OPTS = {
 }
 
 
-def _mount_points_under_tmp(args: list[str], private_tmp: Path) -> None:
-    """Creates, in the private /tmp, the mount points (0755, with their parents) of binds under /tmp."""
+def _bind_destinations(args: list[str]) -> list[Path]:
+    """The destination of every bind option (`--bind SRC DEST` and its variants) in a bwrap argument list."""
+    found: list[Path] = []
     i = 0
     while i < len(args):
         if args[i] in _BIND_OPTS and i + 2 < len(args):
-            dest = Path(args[i + 2])
-            if dest.is_relative_to("/tmp") and dest != Path("/tmp"):
-                target = private_tmp / dest.relative_to("/tmp")
-                target.mkdir(parents=True, exist_ok=True)
-                for path in [target, *target.parents]:
-                    if path == private_tmp or not path.is_relative_to(private_tmp):
-                        break
-                    path.chmod(0o755)
+            found.append(Path(args[i + 2]))
             i += 3
         else:
             i += 1
+    return found
+
+
+def _mount_points_under_tmp(args: list[str], private_tmp: Path) -> None:
+    """Creates, in the private /tmp, the mount points (0755, with their parents) of binds under /tmp."""
+    for dest in _bind_destinations(args):
+        if dest.is_relative_to("/tmp") and dest != Path("/tmp"):
+            target = private_tmp / dest.relative_to("/tmp")
+            target.mkdir(parents=True, exist_ok=True)
+            for path in [target, *target.parents]:
+                if path == private_tmp or not path.is_relative_to(private_tmp):
+                    break
+                path.chmod(0o755)
 
 
 def _with_parent_dirs(args: list[str]) -> list[str]:
     """Prepends world-traversable `--dir`s for every bind's parents (bwrap would create them 0700)."""
     parents: list[str] = []
-    i = 0
-    while i < len(args):
-        if args[i] in _BIND_OPTS and i + 2 < len(args):
-            dest = Path(args[i + 2])
-            for parent in reversed(dest.parents):
-                text = str(parent)
-                if text != "/" and text not in parents:
-                    parents.append(text)
-            i += 3
-        else:
-            i += 1
+    for dest in _bind_destinations(args):
+        for parent in reversed(dest.parents):
+            text = str(parent)
+            if text != "/" and text not in parents:
+                parents.append(text)
     prefix = args[:1]
     for path in parents:
         prefix += ["--perms", "0755", "--dir", path]

@@ -829,7 +829,7 @@ def main() -> None:
             try:
                 auditor.phase = "offshape"
                 model2 = (
-                    construct(data["offshape_init"], data.get("offshape_state", data["state"]))
+                    construct(data["offshape_init"], data["offshape_state"])
                     if offshape.get("init_changed")
                     else model
                 )
