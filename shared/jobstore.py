@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from stitchcuda.api.v1 import jobs_pb2
@@ -13,8 +13,18 @@ from stitchcuda.shared.errors import Conflict, NotFound
 
 
 class JobStore(Protocol):
-    def create(self, job: jobs_pb2.Job) -> jobs_pb2.Job:
-        """Stores a new job; returns the existing one if (tenant, idempotency key) was seen before."""
+    def create(
+        self,
+        job: jobs_pb2.Job,
+        *,
+        events: Sequence[jobs_pb2.JobEvent] = (),
+        loop_state: bytes | None = None,
+    ) -> jobs_pb2.Job:
+        """Stores a new job with its first events and loop state, all or nothing.
+
+        Returns `job` itself when it was stored, or the job stored before under the same (tenant,
+        idempotency key), in which case nothing is written.
+        """
         ...
 
     def get(self, job_id: str) -> jobs_pb2.Job: ...
@@ -69,7 +79,13 @@ class MemoryJobStore:
         """Calls `listener` with every event as it is appended (the embedded CLI shows progress this way)."""
         self._listeners.append(listener)
 
-    def create(self, job: jobs_pb2.Job) -> jobs_pb2.Job:
+    def create(
+        self,
+        job: jobs_pb2.Job,
+        *,
+        events: Sequence[jobs_pb2.JobEvent] = (),
+        loop_state: bytes | None = None,
+    ) -> jobs_pb2.Job:
         with self._cond:
             idem = (job.tenant_id, job.spec.idempotency_key)
             if job.spec.idempotency_key and idem in self._idempotency:
@@ -80,7 +96,11 @@ class MemoryJobStore:
             self._events[job.job_id] = []
             if job.spec.idempotency_key:
                 self._idempotency[idem] = job.job_id
-            return job
+            if loop_state is not None:
+                self._states[job.job_id] = loop_state
+        for event in events:
+            self.append_event(event)
+        return job
 
     def _load(self, job_id: str) -> jobs_pb2.Job:
         try:

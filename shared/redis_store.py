@@ -18,7 +18,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 import redis
@@ -43,6 +43,7 @@ _SEQ = re.compile(r"^\d{1,20}-\d{1,20}$")
 _MAX_BLOCK_S = 5.0
 _STREAM_MAXLEN = 20_000
 
+# One round trip creates the job whole: record, idempotency key, tenant index, loop state, first events.
 _CREATE = """
 if KEYS[2] ~= '' then
   local existing = redis.call('GET', KEYS[2])
@@ -50,8 +51,12 @@ if KEYS[2] ~= '' then
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, ''} end
 redis.call('HSET', KEYS[1], 'pb', ARGV[1], 'tenant', ARGV[2], 'state', ARGV[3])
+if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'loop', ARGV[7]) end
 if KEYS[2] ~= '' then redis.call('SET', KEYS[2], ARGV[4]) end
 redis.call('ZADD', KEYS[3], ARGV[5], ARGV[4])
+for i = 9, #ARGV do
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[8], '*', 'pb', ARGV[i])
+end
 return {1, ARGV[4]}
 """
 
@@ -122,7 +127,13 @@ class RedisJobStore:
         return bool(self.redis.ping())
 
     @unavailable_on_error
-    def create(self, job: jobs_pb2.Job) -> jobs_pb2.Job:
+    def create(
+        self,
+        job: jobs_pb2.Job,
+        *,
+        events: Sequence[jobs_pb2.JobEvent] = (),
+        loop_state: bytes | None = None,
+    ) -> jobs_pb2.Job:
         idem = (
             f"{self.prefix}idem:{job.tenant_id}:{job.spec.idempotency_key}"
             if job.spec.idempotency_key
@@ -130,8 +141,18 @@ class RedisJobStore:
         )
         score = job.created_at.ToMilliseconds() or int(time.time() * 1000)
         status, job_id = self._create(
-            keys=[self._job(job.job_id), idem, self._tenant_jobs(job.tenant_id)],
-            args=[job.SerializeToString(), job.tenant_id, int(job.status.state), job.job_id, score],
+            keys=[self._job(job.job_id), idem, self._tenant_jobs(job.tenant_id), self._events(job.job_id)],
+            args=[
+                job.SerializeToString(),
+                job.tenant_id,
+                int(job.status.state),
+                job.job_id,
+                score,
+                b"0" if loop_state is None else b"1",
+                loop_state or b"",
+                _STREAM_MAXLEN,
+                *(event.SerializeToString() for event in events),
+            ],
         )
         if int(status) == -1:
             raise Conflict(f"job {job.job_id} already exists")

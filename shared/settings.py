@@ -44,6 +44,9 @@ class CommonSettings(BaseSettings):
     # HMAC key for API-key hashing and signed tokens.
     secret_key: SecretStr = SecretStr("dev-only-secret")
     max_reference_bytes: int = 256 * 1024
+    # References up to this size live only in the job record (Redis), which carries the source anyway;
+    # larger ones are also put to the artifact store before the job exists. 0 stores every one.
+    inline_reference_bytes: int = Field(default=64 * 1024, ge=0)
 
     @model_validator(mode="after")
     def _refuse_placeholders_in_production(self) -> CommonSettings:

@@ -142,5 +142,6 @@ def build_workflow(settings: CommonSettings, stores: Stores, **kwargs: Any) -> W
         stores.artifacts,
         stores.transport,
         max_reference_bytes=settings.max_reference_bytes,
+        inline_reference_bytes=settings.inline_reference_bytes,
         **kwargs,
     )

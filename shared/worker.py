@@ -9,7 +9,7 @@ from collections import OrderedDict
 from typing import Any
 
 from stitchcuda.api.v1 import code_pb2, jobs_pb2, messages_pb2, plan_pb2, verify_pb2
-from stitchcuda.shared.artifacts import ArtifactStore
+from stitchcuda.shared.artifacts import ArtifactStore, Keys
 from stitchcuda.shared.devices import NAMES
 from stitchcuda.shared.envelope import decode
 from stitchcuda.shared.logs import log_context
@@ -45,6 +45,10 @@ class BaseWorker(abc.ABC):
             if job.status.state in TERMINAL_STATES:
                 log.info("job %s has ended; message dropped", env.job_id)
                 return
+            if job.spec.reference_source:
+                # The job record carries the reference, so it is never fetched from the artifact store
+                # (where small references are not stored at all).
+                self._remember(Keys.reference(job.tenant_id, job.job_id), job.spec.reference_source.encode())
             self.work(env, job)
 
     @abc.abstractmethod
@@ -64,11 +68,15 @@ class BaseWorker(abc.ABC):
                 self._write_once.move_to_end(key)
                 return data
         data = self.artifacts.get(key)
+        self._remember(key, data)
+        return data
+
+    def _remember(self, key: str, data: bytes) -> None:
         with self._write_once_lock:
             self._write_once[key] = data
+            self._write_once.move_to_end(key)
             while len(self._write_once) > self.write_once_entries:
                 self._write_once.popitem(last=False)
-        return data
 
     def load_reference(self, key: str) -> str:
         return self._get_write_once(key).decode()

@@ -18,7 +18,7 @@ from stitchcuda.shared import pipeline, report
 from stitchcuda.shared.artifacts import ArtifactStore, Keys
 from stitchcuda.shared.candidate import export_standalone
 from stitchcuda.shared.envelope import SCHEMA_VERSION, new_envelope
-from stitchcuda.shared.errors import InvalidRequest
+from stitchcuda.shared.errors import InvalidRequest, StitchError
 from stitchcuda.shared.jobstore import JobStore
 from stitchcuda.shared.logs import log_context
 from stitchcuda.shared.problem import validate_source
@@ -71,6 +71,7 @@ class Workflow:
         *,
         resolve_device: Callable[[int], jobs_pb2.Device.ValueType] | None = None,
         max_reference_bytes: int = 256 * 1024,
+        inline_reference_bytes: int = 64 * 1024,
         verify_policy: verify_pb2.VerifyPolicy | None = None,
     ) -> None:
         self.jobs = jobs
@@ -78,6 +79,7 @@ class Workflow:
         self.transport = transport
         self._resolve_device = resolve_device or _default_device
         self._max_reference_bytes = max_reference_bytes
+        self._inline_reference_bytes = inline_reference_bytes
         self._verify_policy = verify_policy or verify_pb2.VerifyPolicy()
 
     # -- entry points -------------------------------------------------------------------------------
@@ -88,42 +90,69 @@ class Workflow:
         tenant_id: str,
         *,
         job_id: str = "",
-        reference_stored: bool = False,
+        validated: bool = False,
     ) -> jobs_pb2.Job:
         """Validates the reference, stores the job and sends it to the Planner. Idempotent on the key.
 
-        `reference_stored`: the caller already validated the source and put it under
-        Keys.reference(tenant_id, job_id) (the gateway does, before the job exists), so it is not
-        parsed or uploaded a second time.
+        `validated`: the caller (the gateway) already checked the source. The job is created in its
+        planning state in one step, with its first events and loop state, then the plan message goes
+        out; a reference above the inline size is stored first, so an unreachable artifact store
+        fails the submit before any job exists. Smaller ones live in the job record only (workers and
+        downloads read them from there).
         """
         name = spec.problem_name or "reference"
-        if not (reference_stored and job_id):
+        if not validated:
             validate_source(spec.reference_source, max_bytes=self._max_reference_bytes, name=name)
         if not tenant_id:
             raise InvalidRequest("a job needs a tenant")
         spec = _with_defaults(spec)
         spec.device = self._resolve_device(spec.device)
+        decision = pipeline.start(limits_of(spec.options))
+        state = decision.state
+        now = _now()
         job = jobs_pb2.Job(
             schema_version=SCHEMA_VERSION,
             job_id=job_id or uuid.uuid4().hex[:20],
             tenant_id=tenant_id,
             spec=spec,
             status=jobs_pb2.JobStatus(state=jobs_pb2.JOB_STATE_QUEUED, message="queued"),
-            created_at=_now(),
-            updated_at=_now(),
+            created_at=now,
+            updated_at=now,
         )
         key = Keys.reference(tenant_id, job.job_id)
-        job.artifacts["reference"] = key  # deterministic, so the record can name it before the upload
-        stored = self.jobs.create(job)
-        if stored.job_id != job.job_id:
+        job.artifacts["reference"] = key  # deterministic, so the record can name it before any upload
+        reference = spec.reference_source.encode()
+        if len(reference) > self._inline_reference_bytes:
+            self.artifacts.put(key, reference, "text/x-python")
+        submitted = self._new_event(job, jobs_pb2.EVENT_KIND_STATE, "submitted", stage="queued")
+        job.status.state = _STATE_OF_PHASE[state.phase]
+        job.status.message = state.reason or state.phase.value
+        started = self._new_event(job, jobs_pb2.EVENT_KIND_STATE, job.status.message, stage=state.phase.value)
+        stored = self.jobs.create(job, events=(submitted, started), loop_state=state.to_json())
+        if stored is not job:
             return stored
-        if not reference_stored:
-            self.artifacts.put(key, spec.reference_source.encode(), "text/x-python")
-        self._event(job, jobs_pb2.EVENT_KIND_STATE, "submitted", stage="queued")
-        decision = pipeline.start(limits_of(spec.options))
-        with self.jobs.lock(job.job_id):
-            self._apply(job.job_id, decision)
-        return self.jobs.get(job.job_id)
+        try:
+            with log_context(job_id=job.job_id, tenant_id=tenant_id):
+                for action in decision.actions:
+                    self._carry_out(job, state, action)
+        except BaseException as exc:
+            self._fail_unsent(job, exc)
+            raise
+        return job
+
+    def _fail_unsent(self, job: jobs_pb2.Job, exc: BaseException) -> None:
+        """A job whose first message never went out is failed with the reason instead of left waiting."""
+        try:
+            with self.jobs.lock(job.job_id):
+                current = self.jobs.get(job.job_id)
+                if current.status.state in TERMINAL_STATES:
+                    return
+                current.status.state = jobs_pb2.JOB_STATE_FAILED
+                current.status.message = f"the submission did not complete: {exc}; submit again"
+                self.jobs.put(current)
+                self._event(current, jobs_pb2.EVENT_KIND_STATE, current.status.message, stage="failed")
+        except StitchError as error:
+            log.warning("could not fail the unsent job %s: %s", job.job_id, error)
 
     def cancel(self, job_id: str, reason: str = "cancelled by the user") -> jobs_pb2.Job:
         self._advance(job_id, pipeline.Event(pipeline.EventType.CANCEL, reason=reason), guard=None)
@@ -372,7 +401,7 @@ class Workflow:
         job.artifacts[name] = key
         self.jobs.put(job)
 
-    def _event(
+    def _new_event(
         self,
         job: jobs_pb2.Job,
         kind: jobs_pb2.EventKind.ValueType,
@@ -382,8 +411,8 @@ class Workflow:
         progress: float = 0.0,
         round_: int | None = None,
         data: dict[str, str] | None = None,
-    ) -> str:
-        event = jobs_pb2.JobEvent(
+    ) -> jobs_pb2.JobEvent:
+        return jobs_pb2.JobEvent(
             schema_version=SCHEMA_VERSION,
             job_id=job.job_id,
             at=_now(),
@@ -395,6 +424,19 @@ class Workflow:
             progress=progress,
             data=data or {},
         )
+
+    def _event(
+        self,
+        job: jobs_pb2.Job,
+        kind: jobs_pb2.EventKind.ValueType,
+        message: str,
+        *,
+        stage: str = "",
+        progress: float = 0.0,
+        round_: int | None = None,
+        data: dict[str, str] | None = None,
+    ) -> str:
+        event = self._new_event(job, kind, message, stage=stage, progress=progress, round_=round_, data=data)
         return self.jobs.append_event(event)
 
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import importlib.util
 import logging
 import re
 import sys
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -37,6 +40,8 @@ CONTENT_TYPES = {
 }
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,199}$")
 _BACKENDS = frozenset({"", "builtin", "llm"})
+# Digests of references that passed the static checks (the checks depend only on the source).
+_VALID_SOURCES = 4096
 
 
 @functools.lru_cache(maxsize=1024)
@@ -127,6 +132,8 @@ class JobService:
         self.settings = settings
         self._stop_work = stop_work
         self._presign = presign
+        self._valid_sources: OrderedDict[bytes, None] = OrderedDict()
+        self._valid_lock = threading.Lock()
 
     def authenticate(self, api_key: str | None) -> Tenant:
         tenant = self.tenancy.authenticate(api_key)
@@ -156,15 +163,9 @@ class JobService:
                 pass
         self.tenancy.admit(tenant, job_id, spec.device)
         try:
-            # Stored before the job record exists: if S3 is down the submit fails cleanly (503) and
-            # leaves no job behind that would wait forever for a reference that never arrived.
-            self.artifacts.put(
-                Keys.reference(tenant.tenant_id, job_id), spec.reference_source.encode(), "text/x-python"
-            )
-            job = self.workflow.submit(spec, tenant.tenant_id, job_id=job_id, reference_stored=True)
-        except BaseException as exc:
+            job = self.workflow.submit(spec, tenant.tenant_id, job_id=job_id, validated=True)
+        except BaseException:
             self.tenancy.release(tenant, job_id)
-            self._fail_half_submitted(job_id, exc)
             raise
         if job.job_id != job_id:  # an idempotent replay: the first submission holds the slot
             self.tenancy.release(tenant, job_id)
@@ -175,12 +176,7 @@ class JobService:
         name = spec.problem_name or "reference"
         if spec.problem_name and not _NAME.match(spec.problem_name):
             raise InvalidRequest("problem_name: letters, digits, '.', '_' and '-' only, at most 200")
-        validate_source(spec.reference_source, max_bytes=self.settings.max_reference_bytes, name=name)
-        missing = missing_imports(spec.reference_source)
-        if missing:
-            raise ProblemError(
-                f"{name}: the reference imports modules that are not available: {', '.join(missing)}"
-            )
+        self._check_reference(spec.reference_source, name)
         if spec.device not in jobs_pb2.Device.values():
             raise InvalidRequest(f"unknown device {spec.device}")
         if spec.device in (jobs_pb2.DEVICE_UNSPECIFIED, jobs_pb2.DEVICE_AUTO):
@@ -203,17 +199,23 @@ class JobService:
         if len(spec.idempotency_key) > 200:
             raise InvalidRequest("idempotency_key is longer than 200 characters")
 
-    def _fail_half_submitted(self, job_id: str, exc: BaseException) -> None:
-        """A job record whose start never happened is failed with the reason instead of left queued."""
-        try:
-            job = self.jobs.get(job_id)
-            if self.jobs.load_state(job_id) is not None:
+    def _check_reference(self, source: str, name: str) -> None:
+        """Static checks of the reference; sources that passed are remembered by digest (resubmits)."""
+        digest = hashlib.sha256(source.encode()).digest()
+        with self._valid_lock:
+            if digest in self._valid_sources:
+                self._valid_sources.move_to_end(digest)
                 return
-            job.status.state = jobs_pb2.JOB_STATE_FAILED
-            job.status.message = f"the submission did not complete: {exc}; submit again"
-            self.jobs.put(job)
-        except StitchError:
-            return
+        validate_source(source, max_bytes=self.settings.max_reference_bytes, name=name)
+        missing = missing_imports(source)
+        if missing:
+            raise ProblemError(
+                f"{name}: the reference imports modules that are not available: {', '.join(missing)}"
+            )
+        with self._valid_lock:
+            self._valid_sources[digest] = None
+            while len(self._valid_sources) > _VALID_SOURCES:
+                self._valid_sources.popitem(last=False)
 
     # -- read --------------------------------------------------------------------------------------------
 
@@ -256,7 +258,7 @@ class JobService:
 
     # -- artifacts ---------------------------------------------------------------------------------------
 
-    def _artifact_key(self, tenant: Tenant, job_id: str, name: str) -> tuple[str, str]:
+    def _artifact_key(self, tenant: Tenant, job_id: str, name: str) -> tuple[jobs_pb2.Job, str, str]:
         job = self.get(tenant, job_id)
         name = ALIASES.get(name, name)
         key = job.artifacts.get(name)
@@ -264,21 +266,28 @@ class JobService:
         if not key or not key.startswith(Keys.job(tenant.tenant_id, job_id) + "/"):
             available = ", ".join(sorted(job.artifacts)) or "none yet"
             raise NotFound(f"job {job_id} has no artifact {name!r} (available: {available})")
-        return name, key
+        return job, name, key
 
     def download(self, tenant: Tenant, job_id: str, name: str) -> Artifact:
-        name, key = self._artifact_key(tenant, job_id, name)
-        data = self.artifacts.get(key)
+        job, name, key = self._artifact_key(tenant, job_id, name)
+        if name == "reference" and job.spec.reference_source:
+            # The job record carries the reference (small ones are stored nowhere else).
+            data = job.spec.reference_source.encode()
+        else:
+            data = self.artifacts.get(key)
         suffix = "." + name.rsplit(".", 1)[-1] if "." in name else ""
         return Artifact(name, key, data, CONTENT_TYPES.get(suffix, "application/octet-stream"))
 
     def artifact_url(
         self, tenant: Tenant, job_id: str, name: str, expires_s: int = 0
     ) -> gateway_pb2.ArtifactUrl:
-        name, key = self._artifact_key(tenant, job_id, name)
+        job, name, key = self._artifact_key(tenant, job_id, name)
         expires = min(expires_s or self.settings.presign_expires_s, 7 * 24 * 3600)
         out = gateway_pb2.ArtifactUrl(name=name)
         if self._presign is not None:
+            if name == "reference" and job.spec.reference_source and not self.artifacts.exists(key):
+                # A reference kept inline at submit is copied to the store the first time a URL names it.
+                self.artifacts.put(key, job.spec.reference_source.encode(), "text/x-python")
             out.url = self._presign(key, expires)
             out.expires_at.GetCurrentTime()
             out.expires_at.seconds += expires

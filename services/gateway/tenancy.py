@@ -184,23 +184,31 @@ class MemoryTenantStore:
             return sorted(self._active.get(tenant_id, {}))
 
 
+# Ended jobs (and reservations whose job never appeared) leave the active set lazily: all of them when
+# the limit is reached, otherwise a small random sample per call, so a submit costs O(1) however many
+# jobs the tenant has queued while the set stays within a small factor of the active jobs.
 _RESERVE = """
-local now = tonumber(ARGV[3])
-local members = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-for i = 1, #members, 2 do
-  local id, since = members[i], tonumber(members[i + 1])
-  local state = redis.call('HGET', ARGV[4] .. id, 'state')
-  if state == '5' or state == '6' or state == '7' or ((not state) and now - since > tonumber(ARGV[5])) then
-    redis.call('ZREM', KEYS[1], id)
+local now, limit, grace = tonumber(ARGV[3]), tonumber(ARGV[2]), tonumber(ARGV[5])
+local function sweep(members)
+  for i = 1, #members, 2 do
+    local id, since = members[i], tonumber(members[i + 1])
+    local state = redis.call('HGET', ARGV[4] .. id, 'state')
+    if state == '5' or state == '6' or state == '7' or ((not state) and now - since > grace) then
+      redis.call('ZREM', KEYS[1], id)
+    end
   end
 end
-local limit = tonumber(ARGV[2])
 if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit and not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  return 0
+  sweep(redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES'))
+  if redis.call('ZCARD', KEYS[1]) >= limit then return 0 end
+else
+  sweep(redis.call('ZRANDMEMBER', KEYS[1], tonumber(ARGV[6]), 'WITHSCORES'))
 end
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 return 1
 """
+# Members of the active set checked per reservation below the limit.
+_SWEEP_SAMPLE = 4
 
 
 class RedisTenantStore:
@@ -282,7 +290,14 @@ class RedisTenantStore:
         return bool(
             self._reserve(
                 keys=[self._k("tenant", tenant_id, "active")],
-                args=[job_id, int(limit), time.time(), self._k("job", ""), RESERVATION_GRACE_S],
+                args=[
+                    job_id,
+                    int(limit),
+                    time.time(),
+                    self._k("job", ""),
+                    RESERVATION_GRACE_S,
+                    _SWEEP_SAMPLE,
+                ],
             )
         )
 

@@ -55,6 +55,45 @@ def test_jobs_create_get_put_and_idempotency(store: RedisJobStore):
     assert store.load_state("j1") == b'{"x": 1}' and store.load_state("j3") is None
 
 
+def test_create_stores_the_first_events_and_loop_state_with_the_job_or_nothing(store: RedisJobStore):
+    first = job("j1", key="k")
+    events = [jobs_pb2.JobEvent(job_id="j1", message=m) for m in ("submitted", "planning")]
+    assert store.create(first, events=events, loop_state=b'{"phase": "planning"}') is first
+    assert [e.message for e in store.read_events("j1")] == ["submitted", "planning"]
+    assert store.load_state("j1") == b'{"phase": "planning"}'
+    # A replay of the key returns the stored job and writes nothing: no events, no state, no record.
+    replay = store.create(job("j2", key="k"), events=[jobs_pb2.JobEvent(job_id="j2", message="x")],
+                          loop_state=b"{}")  # fmt: skip
+    assert replay.job_id == "j1" and replay is not first
+    assert len(store.read_events("j1")) == 2 and store.load_state("j2") is None
+    with pytest.raises(NotFound):
+        store.get("j2")
+    assert not store.redis.exists("stitch:job:j2:events")
+
+
+def test_reservations_free_ended_jobs_at_the_limit_and_stay_bounded_without_one(store: RedisJobStore):
+    tenants = RedisTenantStore(store.redis)
+    for i in range(3):
+        store.create(job(f"a{i}"))
+        assert tenants.reserve_job("acme", f"a{i}", 3)
+    store.create(job("a3"))
+    assert not tenants.reserve_job("acme", "a3", 3)
+    assert tenants.reserve_job("acme", "a0", 3)  # a job holding a slot may reserve it again
+    ended = store.get("a1")
+    ended.status.state = jobs_pb2.JOB_STATE_SUCCEEDED
+    store.put(ended)
+    assert tenants.reserve_job("acme", "a3", 3)  # the full sweep at the limit found a1 ended
+    assert tenants.active_jobs("acme") == ["a0", "a2", "a3"]
+    # Unlimited: each reservation checks a sample, so ended jobs do not pile up in the set.
+    for i in range(200):
+        store.create(job(f"u{i}", tenant="globex"))
+        assert tenants.reserve_job("globex", f"u{i}", 0)
+        ended = store.get(f"u{i}")
+        ended.status.state = jobs_pb2.JOB_STATE_FAILED
+        store.put(ended)
+    assert len(tenants.active_jobs("globex")) < 100
+
+
 def test_list_is_newest_first_pages_and_filters(store: RedisJobStore):
     for i in range(7):
         j = job(f"j{i}", ms=1_000 + i)

@@ -11,6 +11,7 @@ from stitchcuda.shared.errors import (
     Unavailable,
     UnsupportedVersion,
 )
+from tests.conftest import problem_source
 from tests.unit.gateway.conftest import Rig, submit_request
 
 
@@ -191,6 +192,11 @@ def test_auto_device_resolves_to_the_gateways_setting(rig: Rig):
     assert job.spec.device == jobs_pb2.DEVICE_CPU
 
 
+def large_reference() -> str:
+    """A valid reference above the inline size, so it is put to the artifact store at submit."""
+    return problem_source("01") + "\n# padding\n" + "#" * (70 * 1024) + "\n"
+
+
 def test_storage_down_at_submit_fails_cleanly_and_frees_the_slot(rig: Rig, monkeypatch: pytest.MonkeyPatch):
     tenant = rig.tenant(max_concurrent_jobs=1)
 
@@ -199,10 +205,59 @@ def test_storage_down_at_submit_fails_cleanly_and_frees_the_slot(rig: Rig, monke
 
     monkeypatch.setattr(rig.artifacts, "put", down)
     with pytest.raises(Unavailable):
-        rig.service.submit(tenant, submit_request())
+        rig.service.submit(tenant, submit_request(large_reference()))
     assert list(rig.service.list(tenant).jobs) == []
     monkeypatch.undo()
-    rig.service.submit(tenant, submit_request())  # the slot was given back
+    job = rig.service.submit(tenant, submit_request(large_reference()))  # the slot was given back
+    assert rig.artifacts.get(job.artifacts["reference"]) == large_reference().encode()
+    rig.run()
+    assert rig.service.get(tenant, job.job_id).status.state == jobs_pb2.JOB_STATE_SUCCEEDED
+    assert rig.service.download(tenant, job.job_id, "reference").data == large_reference().encode()
+
+
+def test_a_small_reference_lives_in_the_job_record_and_needs_no_storage_at_submit(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+):
+    tenant = rig.tenant()
+
+    def down(*args: object, **kwargs: object) -> None:
+        raise Unavailable("S3 is down")
+
+    monkeypatch.setattr(rig.artifacts, "put", down)
+    job = rig.service.submit(tenant, submit_request())
+    monkeypatch.undo()
+    key = job.artifacts["reference"]
+    assert not rig.artifacts.exists(key)
+    reference = rig.service.download(tenant, job.job_id, "reference")
+    assert reference.data == problem_source("01").encode() and reference.key == key
+    rig.run()
+    assert rig.service.get(tenant, job.job_id).status.state == jobs_pb2.JOB_STATE_SUCCEEDED
+    # A presigned URL needs the object: the first one copies the reference to the store.
+    url = rig.service.artifact_url(tenant, job.job_id, "reference")
+    assert url.url.startswith(f"https://s3.example/{key}")
+    assert rig.artifacts.get(key) == problem_source("01").encode()
+
+
+def test_a_submit_whose_plan_message_cannot_be_sent_fails_its_job_and_frees_the_slot(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+):
+    tenant = rig.tenant(max_concurrent_jobs=1)
+
+    def broker_down(*args: object, **kwargs: object) -> None:
+        raise Unavailable("the broker is down")
+
+    monkeypatch.setattr(rig.transport, "send", broker_down)
+    with pytest.raises(Unavailable):
+        rig.service.submit(tenant, submit_request())
+    monkeypatch.undo()
+    [failed] = rig.service.list(tenant).jobs
+    assert failed.status.state == jobs_pb2.JOB_STATE_FAILED
+    assert "the broker is down" in failed.status.message
+    events = list(rig.service.watch(tenant, failed.job_id))
+    assert events[-1].state == jobs_pb2.JOB_STATE_FAILED
+    job = rig.service.submit(tenant, submit_request())  # the slot was given back
+    rig.run()
+    assert rig.service.get(tenant, job.job_id).status.state == jobs_pb2.JOB_STATE_SUCCEEDED
 
 
 def test_list_filters_by_state_and_pages(rig: Rig):
