@@ -6,6 +6,10 @@ millisecond measured is queue hops, Redis, S3 and the gateway), on the Redis at 
 benchmarks/results/platform_overhead.md).
 
     python benchmarks/platform_overhead.py [--jobs 8] [--rounds 8] [--submits 2000] [--concurrency 32]
+        [--curve 1,4,8,16,32]
+
+Every submit sends a distinct reference (a numbered comment), so the gateway's cache of validated
+sources never hits; the gateway runs with the production API-key cache (STITCH_KEY_CACHE_S=5).
 """
 
 from __future__ import annotations
@@ -114,12 +118,14 @@ def submit_throughput(target: str, key: str, total: int, concurrency: int) -> di
     latencies: list[float] = []
     lock = threading.Lock()
     clients = [GatewayClient(target, key) for _ in range(min(concurrency, 8))]
-    body = spec(0)
+    numbered = itertools.count()
 
     def one(i: int) -> None:
         client = clients[i % len(clients)]
+        body = spec(0)
+        body.reference_source += f"\n# submit {next(numbered)}\n"
         started = time.perf_counter()
-        client.submit(body.__deepcopy__(), retries=0)
+        client.submit(body, retries=0)
         elapsed = time.perf_counter() - started
         with lock:
             latencies.append(elapsed)
@@ -127,9 +133,11 @@ def submit_throughput(target: str, key: str, total: int, concurrency: int) -> di
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(one, range(min(200, total // 5))))  # warm-up
         latencies.clear()
+        cpu_started = time.process_time()
         started = time.perf_counter()
         list(pool.map(one, range(total)))
         wall = time.perf_counter() - started
+        client_cpu = time.process_time() - cpu_started
     for client in clients:
         client.close()
     return {
@@ -138,7 +146,38 @@ def submit_throughput(target: str, key: str, total: int, concurrency: int) -> di
         "submits_per_s": total / wall,
         "latency_p50_ms": 1000 * pct(latencies, 0.5),
         "latency_p99_ms": 1000 * pct(latencies, 0.99),
+        "client_cpu_ms": 1000 * client_cpu / total,
     }
+
+
+def measured_submits(
+    target: str, key: str, total: int, concurrency: int, gateway: list[int], servers: list[int]
+) -> dict[str, float]:
+    """Submit throughput with the CPU the gateway and the servers spent per submit (warm-up included)."""
+    before = (cpu_seconds(gateway), cpu_seconds(servers))
+    out = submit_throughput(target, key, total, concurrency)
+    count = total + min(200, total // 5)
+    out["gateway_cpu_ms"] = 1000 * (cpu_seconds(gateway) - before[0]) / count
+    out["servers_cpu_ms"] = 1000 * (cpu_seconds(servers) - before[1]) / count
+    return out
+
+
+def _curve_table(curve: list[dict[str, float]]) -> list[str]:
+    if not curve:
+        return []
+    lines = [
+        f"Submits in flight vs throughput and latency ({int(curve[0]['submits'])} submits each):",
+        "",
+        "| in flight | submits/s | latency p50 / p99 | CPU per submit: gateway / Redis + S3 / client |",
+        "|---|---|---|---|",
+    ]
+    for row in curve:
+        lines.append(
+            f"| {int(row['concurrency'])} | {row['submits_per_s']:.0f} /s | "
+            f"{row['latency_p50_ms']:.1f} / {row['latency_p99_ms']:.1f} ms | "
+            f"{row['gateway_cpu_ms']:.1f} / {row['servers_cpu_ms']:.1f} / {row['client_cpu_ms']:.1f} ms |"
+        )
+    return [*lines, ""]
 
 
 def main() -> int:
@@ -147,13 +186,18 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--submits", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--curve", default="", help="in-flight counts for a throughput/latency curve, e.g. 1,4,8,16,32"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/platform_overhead.md")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="stitch-bench-"))
     weed = harness.start_seaweed(work / "seaweedfs")
     harness.flush_redis().close()
-    platform = harness.Platform(harness.platform_env(weed, STITCH_LOG_LEVEL="WARNING"), work)
+    # The production key cache (the tests turn it off to see revocations at once).
+    env = harness.platform_env(weed, STITCH_LOG_LEVEL="WARNING", STITCH_KEY_CACHE_S="5")
+    platform = harness.Platform(env, work)
     try:
         platform.start_gateway()
         for service in ("planner", "coder", "verifier"):
@@ -174,11 +218,14 @@ def main() -> int:
         for service in ("planner", "coder", "verifier"):
             platform.procs[service].stop()  # submits only: queued jobs stay queued
         gateway_pid = [platform.procs["gateway"].process.pid]  # type: ignore[union-attr]
-        before = (cpu_seconds(gateway_pid), cpu_seconds(servers))
-        submits = submit_throughput(platform.grpc_target, key, args.submits, args.concurrency)
-        warm = min(200, args.submits // 5)
-        submits["gateway_cpu_ms"] = 1000 * (cpu_seconds(gateway_pid) - before[0]) / (args.submits + warm)
-        submits["servers_cpu_ms"] = 1000 * (cpu_seconds(servers) - before[1]) / (args.submits + warm)
+        submits = measured_submits(
+            platform.grpc_target, key, args.submits, args.concurrency, gateway_pid, servers
+        )
+        curve = [
+            measured_submits(platform.grpc_target, key, args.submits, int(n), gateway_pid, servers)
+            for n in args.curve.split(",")
+            if n.strip()
+        ]
     finally:
         platform.stop()
         weed.stop()
@@ -204,8 +251,9 @@ def main() -> int:
         f"{loop['event_latency_median_ms']:.1f} / {loop['event_latency_p99_ms']:.1f} ms | <= 100 ms |",
         f"| gateway submits/s ({int(submits['submits'])} submits, {int(submits['concurrency'])} in flight) | "
         f"{submits['submits_per_s']:.0f} /s | >= 500 /s |",
-        "| CPU per submit: gateway process / Redis + SeaweedFS | "
-        f"{submits['gateway_cpu_ms']:.1f} / {submits['servers_cpu_ms']:.1f} ms | |",
+        "| CPU per submit: gateway process / Redis + SeaweedFS / benchmark client | "
+        f"{submits['gateway_cpu_ms']:.1f} / {submits['servers_cpu_ms']:.1f} / "
+        f"{submits['client_cpu_ms']:.1f} ms | |",
         "| submits/s two idle cores could sustain at that CPU cost (2000 ms / CPU per submit) | "
         f"{2000 / (submits['gateway_cpu_ms'] + submits['servers_cpu_ms']):.0f} /s | >= 500 /s |",
         f"| CPU per round, all platform processes (Redis, S3, gateway, workers) | {round_cpu_ms:.1f} ms "
@@ -213,6 +261,7 @@ def main() -> int:
         "| submit latency p50 / p99 | "
         f"{submits['latency_p50_ms']:.1f} / {submits['latency_p99_ms']:.1f} ms | p99 <= 50 ms |",
         "",
+        *_curve_table(curve),
         "A round is one coder message, one verifier message and the loop decision after each, with their",
         "Redis writes (job record, events, guard, lock, loop state) and S3 writes (candidate, verdict); a",
         "submit is authentication, rate and concurrency checks, the reference upload, the job record,",

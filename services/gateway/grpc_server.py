@@ -204,8 +204,9 @@ class GrpcFront:
             options=[
                 ("grpc.max_receive_message_length", settings.max_request_bytes()),
                 ("grpc.max_send_message_length", 4 * settings.download_chunk_bytes),
-                # A second gateway on a taken port must fail, not silently share it.
-                ("grpc.so_reuseport", 0),
+                # A second gateway on a taken port must fail, not silently share it, unless this is
+                # one of the processes of a multi-process gateway.
+                ("grpc.so_reuseport", 1 if settings.shares_port() else 0),
                 ("grpc.keepalive_time_ms", 30_000),
                 ("grpc.http2.max_pings_without_data", 0),
                 ("grpc.keepalive_permit_without_calls", 1),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
@@ -282,8 +283,8 @@ def create_app(settings: GatewaySettings, services: GatewayServices | None = Non
 
     @app.get("/healthz", tags=["operations"])
     def healthz() -> dict[str, str]:
-        """Liveness: the process serves requests."""
-        return {"status": "ok"}
+        """Liveness: the process serves requests (which one, for a gateway of several processes)."""
+        return {"status": "ok", "process": str(os.getpid())}
 
     @app.get("/readyz", tags=["operations"])
     def readyz(services: Services) -> JSONResponse:

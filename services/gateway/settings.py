@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
+
 from stitchcuda.shared.celery_app import QueueSettings
 
 
@@ -34,11 +36,20 @@ class GatewaySettings(QueueSettings):
     presign_expires_s: int = 3600
     download_chunk_bytes: int = 1 << 20
 
+    # Gateway processes serving the same ports (SO_REUSEPORT; the kernel spreads connections): one
+    # Python process is bound to one core by its GIL. Only with the Redis job store (shared state).
+    gateway_processes: int = Field(default=1, ge=1, le=64)
+    # Set by the first process for the ones it starts: bind the shared ports, start no others.
+    share_port: bool = False
+
     # Blocking calls (Redis, S3) run in thread pools: one for requests, a larger one for Watch polls.
     request_threads: int = 16
     watch_threads: int = 64
     # Longest single wait of a Watch poll; SSE sends a heartbeat after each empty one.
     watch_wait_s: float = 15.0
+
+    def shares_port(self) -> bool:
+        return self.share_port or self.gateway_processes > 1
 
     def resolved_tenancy_store(self) -> str:
         return self.tenancy_store or ("redis" if self.job_store == "redis" else "memory")

@@ -151,19 +151,28 @@ def test_s3_down_for_a_while_is_retried_and_the_job_completes(
     with GatewayClient(platform.grpc_target, key) as client:
         try:
             weed.stop()  # type: ignore[attr-defined]
-            # While S3 is down a submit fails cleanly (nothing is left half-created) ...
+            # While S3 is down a submit that must store its reference fails cleanly (nothing is left
+            # half-created) ...
+            large = spec()
+            large.reference_source += "\n#" + "#" * (70 * 1024) + "\n"  # above the inline size
             with pytest.raises(grpc.RpcError) as err:
-                client.submit(spec(), retries=0)
+                client.submit(large, retries=0)
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-            response = http.post("/v1/jobs", json={"spec": {"reference_source": problem_source("01")}})
+            body = {"spec": {"reference_source": large.reference_source}}
+            response = http.post("/v1/jobs", json=body)
             assert response.status_code == 503 and response.json()["error"]["code"] == "unavailable"
             assert http.get("/readyz").status_code == 503
             assert http.get("/v1/jobs").json()["jobs"] == []
+            # ... while a small one, kept in the job record, is accepted and waits for S3 in its workers.
+            early = client.submit(spec(), retries=0)
         finally:
             weed.start()  # type: ignore[attr-defined]
+        assert client.wait(early.job_id, timeout_s=120).status.state == jobs_pb2.JOB_STATE_SUCCEEDED
         # ... and a job whose verification finishes while S3 is down is retried until S3 is back.
         job = client.submit(spec())
-        wait_for(lambda: markers(marks), 60, "the verification to start")
+        wait_for(
+            lambda: len(markers(marks)) == 2, 60, "the verification to start"
+        )  # the early job's is first
         try:
             weed.stop()  # type: ignore[attr-defined]
             time.sleep(8)
