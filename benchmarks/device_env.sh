@@ -5,17 +5,18 @@
 # bubblewrap .deb the Verifier's sandbox needs; fetch them here with:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux2014_x86_64 -d .whl pydantic pydantic_core pydantic-settings python-dotenv \
-#     annotated-types typing-inspection 'protobuf>=7.35,<8'
+#     annotated-types typing-inspection 'protobuf>=7.35.1,<8'
 #   (mkdir -p .whl/deb && cd .whl/deb && apt-get download bubblewrap)
 # The project itself is not installed: .ci/linktree mirrors setup.py's mapping with links onto this tree,
 # so a changed tree is picked up on a warm machine. Everything lands under .device/ (git-ignored).
 
 export PYTHONUNBUFFERED=1
 _dev="$PWD/.device"
-if [ ! -f "$_dev/site/.ready" ]; then
+_wheels=$(ls .whl/*.whl)
+if [ "$(cat "$_dev/site/.ready" 2>/dev/null)" != "$_wheels" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$_dev/site" .whl/*.whl || return 1
-  touch "$_dev/site/.ready"
+  echo "$_wheels" >"$_dev/site/.ready"
 fi
 if ! command -v bwrap >/dev/null && [ ! -x "$_dev/bw/usr/bin/bwrap" ]; then
   for deb in .whl/deb/*.deb; do dpkg -x "$deb" "$_dev/bw"; done

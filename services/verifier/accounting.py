@@ -76,6 +76,12 @@ def global_symbols(sources: dict[str, str]) -> set[str]:
     return {n for n in names if len(n) >= 3}
 
 
+def _defined_by(kernel: str, symbols: set[str]) -> bool:
+    """The profiler's kernel name starts with one of the candidate's `__global__` identifiers."""
+    head = kernel.removeprefix("void ").split("(", 1)[0].split("<", 1)[0]
+    return head.rsplit("::", 1)[-1] in symbols
+
+
 def _contains(outer: dict[str, Any], inner_ts: float, tid: str) -> bool:
     return bool(outer["tid"] == tid and outer["ts"] <= inner_ts <= outer["ts"] + outer["dur"])
 
@@ -171,7 +177,10 @@ def _account_gpu(
             in_span = any(_contains(s, launch["ts"], launch["tid"]) for s in custom_spans)
             in_op = any(_contains(op, launch["ts"], launch["tid"]) for op in ops)
             if in_span and not in_op:
-                origin = "library" if GPU_LIBRARY.search(e["name"]) else "custom"
+                # The candidate's own kernel may carry a library-like word (`gemm_bias_relu_kernel`);
+                # a kernel it defines and launches is custom whatever its name.
+                custom = _defined_by(e["name"], symbols) or not GPU_LIBRARY.search(e["name"])
+                origin = "custom" if custom else "library"
             else:
                 origin = "library" if GPU_LIBRARY.search(e["name"]) else "torch"
         elif any(re.search(rf"\b{re.escape(s)}\b", e["name"]) for s in symbols):

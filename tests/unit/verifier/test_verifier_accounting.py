@@ -81,3 +81,29 @@ def test_gpu_kernel_named_like_candidate_but_launched_by_torch_is_not_custom():
 def test_global_symbols_from_sources():
     src = "template <int B> __global__ void __launch_bounds__(256) fused_gelu(float* x) {}\n__global__ void k2(){}"
     assert global_symbols({"k.cu": src}) == {"fused_gelu"}
+
+
+def _gpu_named(kernel: str) -> list[dict[str, object]]:
+    return [
+        ev("user_annotation", f"{TOKEN}::forward", 0, 100),
+        ev("user_annotation", f"{TOKEN}::fused", 5, 50),
+        ev("cuda_runtime", "cudaLaunchKernel", 10, 2, corr=2),
+        ev("kernel", kernel, 210, 80, stream=7, corr=2),
+    ]
+
+
+def test_gpu_candidate_kernel_with_a_library_word_in_its_name_is_custom():
+    # Found on the H200: the honest tiled GEMM's `gemm_bias_relu_kernel` was counted as cuBLAS.
+    kernel = "gemm_bias_relu_kernel(float const*, float const*, float const*, float*, long, long, long)"
+    acc = account(_gpu_named(kernel), TOKEN, "cuda", {"gemm_bias_relu_kernel"})
+    assert acc.custom_count == 1 and acc.library_ms == 0.0
+
+
+def test_gpu_library_kernel_inside_the_extension_stays_library():
+    acc = account(
+        _gpu_named("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x64>(Params)"),
+        TOKEN,
+        "cuda",
+        {"gemm_bias_relu_kernel"},
+    )
+    assert acc.custom_count == 0 and abs(acc.library_ms - 0.080) < 1e-9
