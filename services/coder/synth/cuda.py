@@ -531,9 +531,11 @@ class CudaKernels:
         smem_bytes = 32 * 16
         main_params = self.kernel_params(info, ["const int64_t rows", "const int64_t cols"])
         body = row_body(accs)
-        # Registers for the row cache: 64 per thread in all (16 float4 for one operand, 8 for two).
+        # Registers for the row cache: 4 float4 per cached operand, which covers a row whenever the launcher
+        # gives each thread 16 columns (cols <= 16 * row_block). A deeper cache spilled to local memory on
+        # sm_90 under __launch_bounds__(512) (16 float4: 468 B of spill stores; rows 3-20x slower on an H200).
         reuse = sorted(cached_ops)
-        rcache = {0: 0, 1: 16, 2: 8}.get(len(reuse), 0) if info.max_level > 0 else 0
+        rcache = 4 if info.max_level > 0 and 0 < len(reuse) <= 2 else 0
         caches = [f"[[maybe_unused]] float4 cache{i}[{k.name}_RCACHE];" for i in reuse] if rcache else []
         main = [
             *self.desc_struct(info),
