@@ -125,9 +125,7 @@ class Workflow:
         if len(reference) > self._inline_reference_bytes:
             self.artifacts.put(key, reference, "text/x-python")
         submitted = self._new_event(job, jobs_pb2.EVENT_KIND_STATE, "submitted", stage="queued")
-        job.status.state = _STATE_OF_PHASE[state.phase]
-        job.status.message = state.reason or state.phase.value
-        started = self._new_event(job, jobs_pb2.EVENT_KIND_STATE, job.status.message, stage=state.phase.value)
+        started = self._enter_phase(job, state)
         stored = self.jobs.create(job, events=(submitted, started), loop_state=state.to_json())
         if stored is not job:
             return stored
@@ -302,12 +300,16 @@ class Workflow:
         self.jobs.save_state(job_id, state.to_json())
         if any(a.type in _WRITES_THE_JOB for a in decision.actions):
             job = self.jobs.get(job_id)
-        new_state = _STATE_OF_PHASE[state.phase]
-        if job.status.state != new_state:
-            job.status.state = new_state
-            job.status.message = state.reason or state.phase.value
+        if job.status.state != _STATE_OF_PHASE[state.phase]:
+            event = self._enter_phase(job, state)
             self.jobs.put(job)
-            self._event(job, jobs_pb2.EVENT_KIND_STATE, job.status.message, stage=state.phase.value)
+            self.jobs.append_event(event)
+
+    def _enter_phase(self, job: jobs_pb2.Job, state: pipeline.LoopState) -> jobs_pb2.JobEvent:
+        """Moves the job's status to the loop phase's state; returns the state event that says so."""
+        job.status.state = _STATE_OF_PHASE[state.phase]
+        job.status.message = state.reason or state.phase.value
+        return self._new_event(job, jobs_pb2.EVENT_KIND_STATE, job.status.message, stage=state.phase.value)
 
     def _carry_out(self, job: jobs_pb2.Job, state: pipeline.LoopState, action: pipeline.Action) -> None:
         tenant, jid = job.tenant_id, job.job_id
