@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
+import uuid
 from typing import Any
 
 from celery import Celery
 from kombu.exceptions import KombuError, OperationalError
+from kombu.serialization import dumps as kombu_dumps
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -22,18 +26,83 @@ _TASKS_KEY = "stitch:job:{job_id}:tasks"
 _TASKS_TTL_S = 7 * 24 * 3600
 
 
-class CeleryTransport:
-    """Sends each envelope as one Celery task on its queue; the task id is the envelope's message id."""
+class RedisQueuePublisher:
+    """Puts Celery task messages straight on the Redis lists of the broker, as kombu lays them out.
 
-    def __init__(self, app: Celery, redis: Any = None) -> None:
+    `send_task` goes through a kombu Producer and Channel per message (a connection acquired and a Redis
+    client built for each publish: about half a millisecond of CPU, a fifth of a gateway submit). With a
+    Redis broker the message is one JSON document LPUSHed on the queue's list; this builds its headers and
+    body with Celery's own task-message builder and sends it in the same round trip as the job's task-id
+    bookkeeping. Workers consume it as any other task (a test compares it with one kombu publishes).
+    """
+
+    def __init__(self, app: Celery, redis: Any) -> None:
         self.app = app
         self.redis = redis
+
+    def message(self, queue: str, task_id: str, data: bytes) -> bytes:
+        headers, properties, body, _ = self.app.amqp.as_task_v2(
+            task_id,
+            TASK_NAMES[queue],
+            args=(data,),
+            kwargs={},
+            reply_to=self.app.thread_oid,
+            ignore_result=True,
+        )
+        content_type, encoding, payload = kombu_dumps(body, serializer="msgpack")  # type: ignore[no-untyped-call]
+        properties.update(
+            delivery_mode=2,
+            delivery_info={"exchange": "", "routing_key": queue},
+            priority=0,
+            body_encoding="base64",
+            delivery_tag=str(uuid.uuid4()),
+        )
+        document = {
+            "body": base64.b64encode(payload).decode(),
+            "content-encoding": encoding,
+            "content-type": content_type,
+            "headers": headers,
+            "properties": properties,
+        }
+        return json.dumps(document).encode()
+
+    def publish(self, queue: str, task_id: str, data: bytes, tasks_key: str) -> None:
+        """The message on the queue (priority 0 is the list named after it) and its id in the job's set."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.lpush(queue, self.message(queue, task_id, data))
+        if tasks_key:
+            pipe.sadd(tasks_key, task_id)
+            pipe.expire(tasks_key, _TASKS_TTL_S)
+        try:
+            pipe.execute()
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise Unavailable(f"the broker is unavailable: {exc}") from exc
+
+
+class CeleryTransport:
+    """Sends each envelope as one Celery task on its queue; the task id is the envelope's message id.
+
+    With `publisher` (a Redis broker) messages go straight onto the queue lists; otherwise through
+    `send_task`, for any broker Celery supports.
+    """
+
+    def __init__(
+        self, app: Celery, redis: Any = None, *, publisher: RedisQueuePublisher | None = None
+    ) -> None:
+        self.app = app
+        self.redis = redis
+        self.publisher = publisher
 
     def send(self, queue: str, envelope: messages_pb2.Envelope) -> None:
         if queue not in TASK_NAMES:
             raise ValueError(f"unknown queue {queue!r}")
         data = encode(envelope)
         task_id = envelope.message_id or None
+        if self.publisher is not None:
+            task_id = task_id or uuid.uuid4().hex
+            key = _TASKS_KEY.format(job_id=envelope.job_id) if envelope.job_id else ""
+            self.publisher.publish(queue, task_id, data, key)
+            return
         try:
             self.app.send_task(
                 TASK_NAMES[queue],

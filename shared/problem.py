@@ -19,8 +19,10 @@ class Problem:
     sha256: str
 
 
-def validate_source(source: str, *, max_bytes: int = 256 * 1024, name: str = "reference") -> None:
+def validate_source(source: str, *, max_bytes: int = 256 * 1024, name: str = "reference") -> ast.Module:
     """Static checks that need no execution: size, syntax, and the three required definitions.
+
+    Returns the parsed module, for callers with checks of their own.
 
     Raises ProblemError with a one-line reason naming the problem (execution errors are found by the
     Planner, which runs the reference in a subprocess and names the failing line).
@@ -43,6 +45,7 @@ def validate_source(source: str, *, max_bytes: int = 256 * 1024, name: str = "re
     missing = [n for n in REQUIRED if n not in defined]
     if missing:
         raise ProblemError(f"{name}: the reference program does not define {', '.join(missing)}")
+    return tree
 
 
 def load(path: Path, *, max_bytes: int = 256 * 1024) -> Problem:

@@ -115,7 +115,7 @@ def build_stores(settings: CommonSettings, *, public_endpoint: str = "") -> Stor
         )
 
     from stitchcuda.shared.celery_app import QueueSettings, create_celery
-    from stitchcuda.shared.celery_transport import CeleryTransport
+    from stitchcuda.shared.celery_transport import CeleryTransport, RedisQueuePublisher
     from stitchcuda.shared.redis_store import RedisJobStore, RedisMessageLedger, RedisUsageMeter, connect
 
     client = connect(settings.redis_url)
@@ -123,15 +123,24 @@ def build_stores(settings: CommonSettings, *, public_endpoint: str = "") -> Stor
         **settings.model_dump()
     )  # fmt: skip
     celery = create_celery(queue_settings)
+    broker = queue_settings.resolved_broker_url()
+    publisher = None
+    closers = [client.close, celery.close]
+    if broker.split("://", 1)[0] in ("redis", "rediss"):
+        # A Redis broker: messages go straight onto its lists (see RedisQueuePublisher).
+        broker_client = client if broker == settings.redis_url else connect(broker)
+        if broker_client is not client:
+            closers.append(broker_client.close)
+        publisher = RedisQueuePublisher(celery, broker_client)
     stores = Stores(
         jobs=RedisJobStore(client),
         artifacts=artifacts,
-        transport=CeleryTransport(celery, client),
+        transport=CeleryTransport(celery, client, publisher=publisher),
         ledger=RedisMessageLedger(client),
         usage=RedisUsageMeter(client),
         redis=client,
     )
-    stores.closers += [client.close, celery.close]
+    stores.closers += closers
     return stores
 
 

@@ -50,10 +50,11 @@ def _importable(module: str) -> bool:
     return module in sys.stdlib_module_names or importlib.util.find_spec(module) is not None
 
 
-def missing_imports(source: str) -> list[str]:
+def missing_imports(source: str | ast.Module) -> list[str]:
     """Modules the reference imports that this platform does not have (checked without running it)."""
     missing: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source) if isinstance(source, str) else source
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level:
             missing.add("." * node.level + (node.module or ""))
             continue
@@ -154,14 +155,12 @@ class JobService:
         self._validate(spec)
         self.tenancy.check_rate(tenant, "submits")
         job_id = uuid.uuid4().hex[:20]
-        if spec.idempotency_key:
-            # A replay maps to the same id, so it finds the first job before any quota or upload.
+        replayable = bool(spec.idempotency_key)
+        if replayable:
+            # A replay maps to the same id; the reservation finds the first job before taking a slot.
             job_id = sha256_hex(tenant.tenant_id, spec.idempotency_key)[:20]
-            try:
-                return self.get(tenant, job_id)
-            except NotFound:
-                pass
-        self.tenancy.admit(tenant, job_id, spec.device)
+        if not self.tenancy.admit(tenant, job_id, spec.device, unless_exists=replayable):
+            return self.get(tenant, job_id)
         try:
             job = self.workflow.submit(spec, tenant.tenant_id, job_id=job_id, validated=True)
         except BaseException:
@@ -206,8 +205,8 @@ class JobService:
             if digest in self._valid_sources:
                 self._valid_sources.move_to_end(digest)
                 return
-        validate_source(source, max_bytes=self.settings.max_reference_bytes, name=name)
-        missing = missing_imports(source)
+        tree = validate_source(source, max_bytes=self.settings.max_reference_bytes, name=name)
+        missing = missing_imports(tree)
         if missing:
             raise ProblemError(
                 f"{name}: the reference imports modules that are not available: {', '.join(missing)}"

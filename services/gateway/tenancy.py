@@ -8,6 +8,7 @@ a tenant's active set holds its queued and running jobs and drops the ones that 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import hmac
 import json
@@ -36,6 +37,14 @@ KEY_PREFIX = "stk_"
 TERMINAL = (jobs_pb2.JOB_STATE_SUCCEEDED, jobs_pb2.JOB_STATE_FAILED, jobs_pb2.JOB_STATE_CANCELLED)
 # A reservation whose job record never appeared (the gateway died mid-submit) is freed after this.
 RESERVATION_GRACE_S = 120.0
+
+
+class Reservation(enum.IntEnum):
+    """What a concurrency reservation found (FULL is falsy)."""
+
+    FULL = 0
+    RESERVED = 1
+    EXISTS = 2  # the job is already stored: an idempotent replay takes no slot
 
 
 @dataclass(frozen=True)
@@ -99,8 +108,14 @@ class TenantStore(Protocol):
         """Counts one event in the current fixed window of `bucket`; returns the window's count."""
         ...
 
-    def reserve_job(self, tenant_id: str, job_id: str, limit: int) -> bool:
-        """Adds job_id to the tenant's active jobs unless `limit` (0 = none) active jobs are running."""
+    def reserve_job(
+        self, tenant_id: str, job_id: str, limit: int, *, unless_exists: bool = False
+    ) -> Reservation:
+        """Adds job_id to the tenant's active jobs unless `limit` (0 = none) active jobs are running.
+
+        `unless_exists`: a job with that id already stored takes nothing and answers EXISTS (an
+        idempotent replay, checked in the same step as the slot).
+        """
         ...
 
     def release_job(self, tenant_id: str, job_id: str) -> None: ...
@@ -162,8 +177,12 @@ class MemoryTenantStore:
             self._windows[(bucket, window)] = self._windows.get((bucket, window), 0) + 1
             return self._windows[(bucket, window)]
 
-    def reserve_job(self, tenant_id: str, job_id: str, limit: int) -> bool:
+    def reserve_job(
+        self, tenant_id: str, job_id: str, limit: int, *, unless_exists: bool = False
+    ) -> Reservation:
         with self._lock:
+            if unless_exists and self._state_of(job_id):
+                return Reservation.EXISTS
             active = self._active.setdefault(tenant_id, {})
             now = time.time()
             for jid, since in list(active.items()):
@@ -171,9 +190,9 @@ class MemoryTenantStore:
                 if state in TERMINAL or (state == 0 and now - since > RESERVATION_GRACE_S):
                     del active[jid]
             if limit and len(active) >= limit and job_id not in active:
-                return False
+                return Reservation.FULL
             active[job_id] = now
-            return True
+            return Reservation.RESERVED
 
     def release_job(self, tenant_id: str, job_id: str) -> None:
         with self._lock:
@@ -189,6 +208,7 @@ class MemoryTenantStore:
 # jobs the tenant has queued while the set stays within a small factor of the active jobs.
 _RESERVE = """
 local now, limit, grace = tonumber(ARGV[3]), tonumber(ARGV[2]), tonumber(ARGV[5])
+if ARGV[7] == '1' and redis.call('EXISTS', ARGV[4] .. ARGV[1]) == 1 then return 2 end
 local function sweep(members)
   for i = 1, #members, 2 do
     local id, since = members[i], tonumber(members[i + 1])
@@ -286,18 +306,23 @@ class RedisTenantStore:
         return int(count)
 
     @unavailable_on_error
-    def reserve_job(self, tenant_id: str, job_id: str, limit: int) -> bool:
-        return bool(
-            self._reserve(
-                keys=[self._k("tenant", tenant_id, "active")],
-                args=[
-                    job_id,
-                    int(limit),
-                    time.time(),
-                    self._k("job", ""),
-                    RESERVATION_GRACE_S,
-                    _SWEEP_SAMPLE,
-                ],
+    def reserve_job(
+        self, tenant_id: str, job_id: str, limit: int, *, unless_exists: bool = False
+    ) -> Reservation:
+        return Reservation(
+            int(
+                self._reserve(
+                    keys=[self._k("tenant", tenant_id, "active")],
+                    args=[
+                        job_id,
+                        int(limit),
+                        time.time(),
+                        self._k("job", ""),
+                        RESERVATION_GRACE_S,
+                        _SWEEP_SAMPLE,
+                        int(unless_exists),
+                    ],
+                )
             )
         )
 
@@ -421,20 +446,30 @@ class Tenancy:
                 f"rate limit: at most {limit} {kind} per minute for tenant {tenant.tenant_id}"
             )
 
-    def admit(self, tenant: Tenant, job_id: str, device: int) -> None:
-        """Reserves a concurrency slot for the job, or raises QuotaExceeded with the limit hit."""
+    def admit(self, tenant: Tenant, job_id: str, device: int, *, unless_exists: bool = False) -> bool:
+        """Reserves a concurrency slot for the job, or raises QuotaExceeded with the limit hit.
+
+        False (and nothing reserved) when `unless_exists` and the job is already stored: a replay.
+        """
         quota = tenant.quota
-        if device == jobs_pb2.DEVICE_CUDA and quota.gpu_seconds_per_month:
-            used = self.usage.get(tenant.tenant_id, "gpu_seconds", period=_month())
-            if used >= quota.gpu_seconds_per_month:
-                raise QuotaExceeded(
-                    f"GPU quota used: {used:.0f} of {quota.gpu_seconds_per_month:.0f} GPU-seconds this month"
-                )
-        if not self.store.reserve_job(tenant.tenant_id, job_id, quota.max_concurrent_jobs):
+        got = self.store.reserve_job(
+            tenant.tenant_id, job_id, quota.max_concurrent_jobs, unless_exists=unless_exists
+        )
+        if got is Reservation.EXISTS:
+            return False
+        if got is Reservation.FULL:
             raise QuotaExceeded(
                 f"tenant {tenant.tenant_id} already runs {quota.max_concurrent_jobs} jobs (its limit); "
                 "wait for one to finish or cancel one"
             )
+        if device == jobs_pb2.DEVICE_CUDA and quota.gpu_seconds_per_month:
+            used = self.usage.get(tenant.tenant_id, "gpu_seconds", period=_month())
+            if used >= quota.gpu_seconds_per_month:
+                self.release(tenant, job_id)
+                raise QuotaExceeded(
+                    f"GPU quota used: {used:.0f} of {quota.gpu_seconds_per_month:.0f} GPU-seconds this month"
+                )
+        return True
 
     def release(self, tenant: Tenant, job_id: str) -> None:
         self.store.release_job(tenant.tenant_id, job_id)

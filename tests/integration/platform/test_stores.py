@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from stitchcuda.api.v1 import jobs_pb2
-from stitchcuda.gateway.tenancy import Quota, RedisTenantStore, Tenancy
+from stitchcuda.gateway.tenancy import Quota, RedisTenantStore, Reservation, Tenancy
 from stitchcuda.shared.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from stitchcuda.shared.redis_store import RedisJobStore, RedisMessageLedger, RedisUsageMeter, connect
 from stitchcuda.shared.s3_store import S3ArtifactStore
@@ -92,6 +92,16 @@ def test_reservations_free_ended_jobs_at_the_limit_and_stay_bounded_without_one(
         ended.status.state = jobs_pb2.JOB_STATE_FAILED
         store.put(ended)
     assert len(tenants.active_jobs("globex")) < 100
+
+
+def test_a_replay_of_a_stored_job_takes_no_slot_even_at_the_limit(store: RedisJobStore):
+    tenants = RedisTenantStore(store.redis)
+    store.create(job("r0"))
+    assert tenants.reserve_job("acme", "r0", 1) is Reservation.RESERVED
+    assert tenants.reserve_job("acme", "r1", 1) is Reservation.FULL
+    assert tenants.reserve_job("acme", "r0", 1, unless_exists=True) is Reservation.EXISTS
+    assert tenants.reserve_job("acme", "r1", 1, unless_exists=True) is Reservation.FULL  # not stored yet
+    assert tenants.active_jobs("acme") == ["r0"]
 
 
 def test_list_is_newest_first_pages_and_filters(store: RedisJobStore):

@@ -117,6 +117,20 @@ def test_the_concurrency_slot_frees_when_the_job_ends():
     assert tenancy.store.active_jobs("acme") == ["j2"]
 
 
+def test_an_idempotent_replay_is_admitted_without_a_slot_and_gpu_quota_is_checked_after_it():
+    states: dict[str, int] = {"j1": jobs_pb2.JOB_STATE_CODING}
+    tenancy = make(states)
+    tenant = tenancy.create_tenant("acme", quota=Quota(max_concurrent_jobs=1, gpu_seconds_per_month=10))
+    assert tenancy.admit(tenant, "j1", jobs_pb2.DEVICE_CPU)
+    assert not tenancy.admit(tenant, "j1", jobs_pb2.DEVICE_CUDA, unless_exists=True)  # replay: the first job
+    assert tenancy.store.active_jobs("acme") == ["j1"]
+    states["j1"] = jobs_pb2.JOB_STATE_SUCCEEDED
+    tenancy.usage.add("acme", "gpu_seconds", 10.0)
+    with pytest.raises(QuotaExceeded, match="GPU quota"):
+        tenancy.admit(tenant, "j2", jobs_pb2.DEVICE_CUDA)
+    assert tenancy.store.active_jobs("acme") == []  # the slot taken before the GPU check is given back
+
+
 def test_a_reservation_whose_job_never_appeared_expires(monkeypatch: pytest.MonkeyPatch):
     tenancy = make()
     tenant = tenancy.create_tenant("acme", quota=Quota(max_concurrent_jobs=1))
