@@ -1,7 +1,7 @@
 """The built-in synthesizer against eager PyTorch and torch.compile on the problem suite.
 
 Two phases, so the measuring machine needs nothing but torch:
-  python benchmarks/synth_suite.py emit DIR [--device cuda] [--variant k=v,...]   (needs stitchcuda)
+  python benchmarks/synth_suite.py emit DIR [--device cuda] [--size large] [--variant k=v,...]  (needs stitchcuda)
   python benchmarks/synth_suite.py run DIR [--size large] [--no-compile] [--out results.json]
 `all DIR` does both. `emit` writes one folder per problem (the candidate's files, manifest.json, the
 reference); `run` builds every extension (in parallel), checks each program against a float64
@@ -56,7 +56,12 @@ def emit(out_dir: Path, device: str, variant: str, names: list[str]) -> None:
         (target / "reference.py").write_text(source)
         (target / "info.json").write_text(
             json.dumps(
-                {"rationale": cand.rationale, "features": synthesis.features, "variant": dict(cand.variant)}
+                {
+                    "rationale": cand.rationale,
+                    "features": synthesis.features,
+                    "variant": dict(cand.variant),
+                    "size": os.environ.get("STITCHCUDA_SIZE", "small"),
+                }
             )
         )
         print(f"{name}: {cand.build.extension_name} ({cand.rationale})")
@@ -304,17 +309,24 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--variant", default="", help="synthesizer knobs, e.g. vec=4,block=256")
     parser.add_argument("--problems", nargs="*", default=[], help="problem stems (default: the whole suite)")
-    parser.add_argument("--size", default="large", choices=["small", "large"], help="STITCHCUDA_SIZE for run")
+    parser.add_argument(
+        "--size",
+        default="large",
+        choices=["small", "large"],
+        help="STITCHCUDA_SIZE: the problems' constructor arguments and inputs; emit and run must agree",
+    )
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--jobs", type=int, default=max(1, min(16, (os.cpu_count() or 2))))
     parser.add_argument("--out", type=Path, default=None, help="results JSON")
     args = parser.parse_args()
     names = args.problems or sorted(p.stem for p in PROBLEMS.glob("[0-9]*.py"))
+    # A program is generated for its constructor arguments (head counts, group counts...), which
+    # depend on the size: both phases read the problems at the same one.
+    os.environ["STITCHCUDA_SIZE"] = args.size
     if args.phase in ("emit", "all"):
         emit(args.dir, args.device, args.variant, names)
     if args.phase in ("run", "all"):
-        os.environ["STITCHCUDA_SIZE"] = args.size
         run(args.dir, args.device, not args.no_compile, args.iters, args.out, args.jobs)
 
 

@@ -118,6 +118,19 @@ def attribute_expr(path: str) -> str:
     return f"self.get_submodule({owner!r}).{attr}" if owner else f"self.{attr}"
 
 
+def _baked_guards(baked: dict[str, int]) -> list[ast.stmt]:
+    """Constructor checks that the int attributes read as constants when tracing still hold those values."""
+    lines = []
+    for path, value in sorted(baked.items()):
+        expr = attribute_expr(path)
+        message = (
+            f"ModelNew was generated for {path}={value} (its kernels are built around that value), "
+            f"not {path}={{{expr}!r}}: generate it again for these constructor arguments"
+        )
+        lines += [f"if {expr} != {value}:", f"    raise ValueError(f{message!r})"]
+    return ast.parse("\n".join(lines)).body
+
+
 def forward_args(ref: Reference) -> list[str]:
     fn = ref.forward
     if fn.args.vararg or fn.args.kwarg or fn.args.kwonlyargs or fn.args.posonlyargs:
@@ -136,10 +149,12 @@ def build_source(
     *,
     ext_name: str,
     doc: str,
+    baked: dict[str, int] | None = None,
 ) -> str:
     """model_new.py; with graph=None the forward is a stub (used to check the constructor alone).
 
     literals=None leaves module-level names as they are (the tracing process supplies them).
+    `baked`: int attributes the kernels were generated around; the constructor refuses other values.
     """
     ref = parse_reference(reference_source)
     lenient = literals is None
@@ -162,6 +177,8 @@ def build_source(
     for fn in keep:
         new = _Inline(literals, _bound_names(fn)).visit(ast.parse(ast.unparse(fn)).body[0])
         assert isinstance(new, ast.FunctionDef)
+        if new.name == "__init__" and baked:
+            new.body += _baked_guards(baked)
         copied.append(new)
         needed |= _names(new) - _bound_names(new)
     # Module-level helpers (classes, functions) the constructor reaches, with their own dependencies.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -110,9 +111,11 @@ class Synthesizer:
         backend = target_of(plan, device)
         trace = self.trace(reference_source)
         graph, program = self.lower(trace, variant, plan)
-        digest = hashlib.sha256(f"{reference_source}\0{backend}\0{variant.signature()}".encode()).hexdigest()[
-            :12
-        ]
+        # The constructor arguments and input shapes are part of the program (a source that reads its
+        # sizes from the environment gives another program under another environment).
+        shapes = json.dumps([trace.init_inputs, trace.inputs], sort_keys=True, default=str)
+        key = f"{reference_source}\0{backend}\0{variant.signature()}\0{shapes}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:12]
         ext_name = f"stitch_{digest}"
         if backend == "cuda":
             from stitchcuda.coder.synth import cuda
@@ -134,7 +137,13 @@ class Synthesizer:
             f"{len(program.kernels)} fused kernel(s) in extension {ext_name}."
         )
         model_new = build_source(
-            reference_source, graph, program.attrs, trace.globals, ext_name=ext_name, doc=doc
+            reference_source,
+            graph,
+            program.attrs,
+            trace.globals,
+            ext_name=ext_name,
+            doc=doc,
+            baked=trace.baked_ints,
         )
         files = {ENTRY: model_new, HEADER_NAME: HEADER, forward_file: source}
         build = code_pb2.BuildManifest(

@@ -43,6 +43,8 @@ class Trace:
     globals: dict[str, Any]
     init_check: dict[str, Any] | None = None
     torch_version: str = ""
+    # Int attributes of the model read as constants by the trace (attribute path -> traced value).
+    baked_ints: dict[str, int] = field(default_factory=dict)
     by_name: dict[str, TracedNode] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -104,4 +106,5 @@ def trace_from_json(data: dict[str, Any]) -> Trace:
         globals=data["globals"],
         init_check=data.get("init_check"),
         torch_version=data.get("torch_version", ""),
+        baked_ints=data.get("baked_ints", {}),
     )

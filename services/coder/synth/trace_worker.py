@@ -177,6 +177,49 @@ def float_constants(gm: torch.fx.GraphModule) -> dict[str, Any]:
     return found
 
 
+def int_constants(gm: torch.fx.GraphModule) -> dict[str, int]:
+    """(node, argument path) -> value for every int literal in the graph's arguments (shapes, dims...)."""
+    found: dict[str, int] = {}
+
+    def walk(value: Any, path: str) -> None:
+        if isinstance(value, int) and not isinstance(value, bool):
+            found[path] = value
+        elif isinstance(value, tuple | list):
+            for i, v in enumerate(value):
+                walk(v, f"{path}.{i}")
+
+    for n in gm.graph.nodes:
+        for i, a in enumerate(n.args):
+            walk(a, f"{n.name}:args.{i}")
+        for k, v in n.kwargs.items():
+            walk(v, f"{n.name}:kwargs.{k}")
+    return found
+
+
+def baked_ints(model: torch.nn.Module, gm: torch.fx.GraphModule) -> dict[str, int]:
+    """Int attributes of the model (self.heads, ...) that the traced forward turned into constants.
+
+    The trace reads them once, so the kernels hold their values: ModelNew refuses to be built with
+    other values instead of computing something else. Found by changing each in turn and re-tracing.
+    """
+    base = int_constants(gm)
+    baked: dict[str, int] = {}
+    for mod_path, mod in model.named_modules():
+        for key, value in list(vars(mod).items()):
+            if key.startswith("_") or not isinstance(value, int) or isinstance(value, bool):
+                continue
+            setattr(mod, key, value + 1)
+            try:
+                moved = int_constants(torch.fx.symbolic_trace(model))
+            except Exception:
+                moved = None  # the forward cannot even be traced with another value: it depends on it
+            finally:
+                setattr(mod, key, value)
+            if moved != base:
+                baked[f"{mod_path}.{key}" if mod_path else key] = value
+    return baked
+
+
 def scalar_sources(model: torch.nn.Module, base: dict[str, Any]) -> dict[str, str]:
     """Which float constants of the graph come from float attributes of the model (self.scale, ...).
 
@@ -278,6 +321,7 @@ def trace(source: str, init_source: str | None) -> dict[str, Any]:
         "init_inputs": encode(list(ns["get_init_inputs"]())),
         "training": bool(model.training),
         "scalar_sources": scalar_sources(model, float_constants(gm)),
+        "baked_ints": baked_ints(model, gm),
         "globals": global_literals(ns),
         "torch_version": torch.__version__,
     }

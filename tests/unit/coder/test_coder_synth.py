@@ -65,11 +65,17 @@ def check_model_new(ref: str, cand: code_pb2.Candidate) -> None:
         assert isinstance(arg, ast.Name | ast.Attribute), ast.unparse(arg)
     calls = [n for n in ast.walk(fwd) if isinstance(n, ast.Call)]
     assert len(calls) == 1
-    # The constructor is the reference's (same statements, module constants inlined).
+    # The constructor is the reference's (same statements, module constants inlined), then the guards
+    # of int attributes the kernels were generated around (`if self.dim != 1: raise ValueError(...)`).
     ref_init, new_init = init_of(ref, "Model"), init_of(model_new, "ModelNew")
     if ref_init is not None:
         assert new_init is not None
-        assert [type(s).__name__ for s in new_init.body] == [type(s).__name__ for s in ref_init.body]
+        own = new_init.body[: len(ref_init.body)]
+        guards = new_init.body[len(ref_init.body) :]
+        assert [type(s).__name__ for s in own] == [type(s).__name__ for s in ref_init.body]
+        for guard in guards:
+            assert isinstance(guard, ast.If) and isinstance(guard.body[0], ast.Raise), ast.unparse(guard)
+            assert "ValueError" in ast.unparse(guard.body[0])
         assert [a.arg for a in new_init.args.args] == [a.arg for a in ref_init.args.args]
 
 
@@ -157,6 +163,22 @@ def test_float_attributes_are_passed_at_run_time(synth: Synthesizer) -> None:
     assert "ext.forward(x, self.scale, self.shift)" in model_new
     cpp = {f.path: f.content for f in cand.files}["forward.cpp"]
     assert "1.5" not in cpp and "0.25" not in cpp
+
+
+def test_int_attributes_read_as_constants_are_guarded_in_the_constructor(synth: Synthesizer) -> None:
+    cand = to_candidate(
+        synth.synthesize(source("15_transformer_block"), None, variant=Variant(), device="cpu")
+    )
+    model_new = {f.path: f.content for f in cand.files}["model_new.py"]
+    namespace: dict[str, object] = {"__name__": "model_new_check"}
+    exec(model_new.replace(f"import {cand.build.extension_name} as ext", "ext = None"), namespace)
+    model_cls = namespace["ModelNew"]
+    assert callable(model_cls)
+    model_cls(64, 4)  # the constructor arguments it was generated for (the problem's small size)
+    with pytest.raises(ValueError, match=r"generated for heads=4 .*not heads=16"):
+        model_cls(64, 16)  # heads is baked into the view shapes: refused, not silently wrong
+    # Int attributes the forward never reads (nn.Linear's in_features) are not guarded.
+    assert "in_features" not in model_new
 
 
 def test_lstm_runs_a_custom_cell_kernel_between_library_gemms(synth: Synthesizer) -> None:
