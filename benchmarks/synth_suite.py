@@ -1,7 +1,7 @@
 """The built-in synthesizer against eager PyTorch and torch.compile on the problem suite.
 
 Two phases, so the measuring machine needs nothing but torch:
-  python benchmarks/synth_suite.py emit DIR [--device cuda] [--size large] [--variant k=v,...]  (needs stitchcuda)
+  python benchmarks/synth_suite.py emit DIR [--device cuda] [--size large] [--variant k=v,...]  (stitchcuda)
   python benchmarks/synth_suite.py run DIR [--size large] [--no-compile] [--out results.json]
 `all DIR` does both. `emit` writes one folder per problem (the candidate's files, manifest.json, the
 reference); `run` builds every extension (in parallel), checks each program against a float64
