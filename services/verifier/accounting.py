@@ -3,8 +3,9 @@
 Attribution does not trust kernel names: the runner wraps every function of the candidate's extension
 in a profiler range with a secret token, so a GPU kernel is *custom* when its launch happened inside
 such a range and not inside an ATen op; otherwise it is *library* (cuBLAS/cuDNN/CUTLASS names, BLAS
-and convolution ops on a CPU) or *torch*. On a CPU the "kernels" are the extension's own time (its
-ranges minus the ATen ops inside them) and the ATen ops.
+and convolution ops on a CPU) or *torch*; device memcpy/memset are *copy*, outside the compute
+shares. On a CPU the "kernels" are the extension's own time (its ranges minus the ATen ops inside
+them) and the ATen ops.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class Accounting:
     custom_ms: float = 0.0
     library_ms: float = 0.0
     torch_ms: float = 0.0
+    # torch's memcpy/memset on the device: data movement, which computes nothing (graph copy-in/out).
+    copy_ms: float = 0.0
     custom_count: int = 0
     side_stream_custom: list[str] = field(default_factory=list)
     joined: bool = True
@@ -63,8 +66,17 @@ class Accounting:
     note: str = ""
 
     def share(self, origin: str) -> float:
+        """Share of the compute time (custom + library + torch kernels); "copy" is a share of all of it.
+
+        Copies stay out of the compute shares: moving bytes computes nothing, so a candidate cannot
+        hide torch compute behind them, and an honest one that copies inputs into a CUDA graph's
+        static buffers is not outweighed by its copies.
+        """
+        if origin == "copy":
+            return self.copy_ms / self.total_ms if self.total_ms > 0 else 0.0
         value = {"custom": self.custom_ms, "library": self.library_ms, "torch": self.torch_ms}[origin]
-        return value / self.total_ms if self.total_ms > 0 else 0.0
+        compute = self.custom_ms + self.library_ms + self.torch_ms
+        return value / compute if compute > 0 else 0.0
 
 
 def global_symbols(sources: dict[str, str]) -> set[str]:
@@ -172,7 +184,7 @@ def _account_gpu(
         if launch is not None and not (lo <= launch["ts"] <= hi):
             continue
         if e["cat"] != "kernel":
-            origin = "torch"
+            origin = "copy"
         elif launch is not None:
             in_span = any(_contains(s, launch["ts"], launch["tid"]) for s in custom_spans)
             in_op = any(_contains(op, launch["ts"], launch["tid"]) for op in ops)
@@ -202,10 +214,12 @@ def _account_gpu(
                 first_side_launch = ts if first_side_launch is None else min(first_side_launch, ts)
         elif origin == "library":
             acc.library_ms += ms
+        elif origin == "copy":
+            acc.copy_ms += ms
         else:
             acc.torch_ms += ms
     if first_side_launch is not None:
         acc.joined = any(e["name"].startswith(JOINS) and first_side_launch <= e["ts"] <= hi for e in runtime)
-    acc.total_ms = acc.custom_ms + acc.library_ms + acc.torch_ms
+    acc.total_ms = acc.custom_ms + acc.library_ms + acc.torch_ms + acc.copy_ms
     acc.kernels = sorted(groups.values(), key=lambda k: -k.time_ms)
     return acc

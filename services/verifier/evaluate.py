@@ -367,12 +367,12 @@ def _accounting_findings(
         return
     share = acc.share("custom")
     if share + 1e-9 < policy.min_custom_share:
-        top = next((k for k in acc.kernels if k.origin != "custom"), None)
+        top = next((k for k in acc.kernels if k.origin not in ("custom", "copy")), None)
         hint = f"; largest other: {top.name[:80]} ({top.origin}, {top.time_ms:.3f} ms)" if top else ""
         findings.add(
             "D6.low-custom-share",
             "REJECT",
-            f"custom kernels cover {share:.0%} of the time "
+            f"custom kernels cover {share:.0%} of the compute time (device copies excluded) "
             f"(policy: at least {policy.min_custom_share:.0%}){hint}",
             "profile",
         )

@@ -54,6 +54,11 @@ def describe(v: verify_pb2.Verdict) -> str:
     lines += [
         f"  {SEVERITY.get(f.severity, f.severity)} {f.rule} at {f.where}: {f.detail}" for f in v.findings
     ]
+    # The profiled call's kernels and their attribution: what a D6 verdict was decided on.
+    lines += [
+        f"  kernel {k.origin:<7} {k.time_ms:8.3f} ms x{k.calls} stream {k.stream}: {k.name[:100]}"
+        for k in v.profile.kernels
+    ]
     return "\n".join(lines)
 
 

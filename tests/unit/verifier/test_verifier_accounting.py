@@ -107,3 +107,27 @@ def test_gpu_library_kernel_inside_the_extension_stays_library():
         {"gemm_bias_relu_kernel"},
     )
     assert acc.custom_count == 0 and abs(acc.library_ms - 0.080) < 1e-9
+
+
+def test_device_copies_stay_out_of_the_compute_shares():
+    # A CUDA graph fed by copies: copy-in, the replayed custom kernel, copy-out (clone).
+    events = [
+        ev("user_annotation", f"{TOKEN}::forward", 0, 100),
+        ev("cuda_runtime", "cudaMemcpyAsync", 2, 1, corr=1),
+        ev("gpu_memcpy", "Memcpy DtoD (Device -> Device)", 200, 30, stream=7, corr=1),
+        ev("user_annotation", f"{TOKEN}::elementwise_chain_out", 5, 50),
+        ev("cuda_runtime", "cudaLaunchKernel", 10, 2, corr=2),
+        ev("kernel", "elementwise_chain_kernel(float const*, float*)", 240, 40, stream=7, corr=2),
+        ev("cuda_runtime", "cudaMemcpyAsync", 70, 1, corr=3),
+        ev("gpu_memcpy", "Memcpy DtoD (Device -> Device)", 290, 30, stream=7, corr=3),
+    ]
+    acc = account(events, TOKEN, "cuda", {"elementwise_chain_kernel"})
+    assert acc.share("custom") == 1.0  # the only compute is the candidate's
+    assert abs(acc.share("copy") - 0.6) < 1e-9 and acc.torch_ms == 0.0
+    assert [k.origin for k in acc.kernels] == ["copy", "custom"]
+    # Torch compute next to the copies still counts against the candidate.
+    events.append(ev("cuda_runtime", "cudaLaunchKernel", 80, 1, corr=4))
+    events.append(
+        ev("kernel", "void at::native::vectorized_elementwise_kernel<4>", 330, 120, stream=7, corr=4)
+    )
+    assert account(events, TOKEN, "cuda", {"elementwise_chain_kernel"}).share("custom") == 0.25

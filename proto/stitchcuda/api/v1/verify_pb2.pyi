@@ -344,7 +344,7 @@ class KernelStat(_message.Message):
     COUNTERS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     origin: _builtins.str
-    """"custom", "library", "torch"."""
+    """"custom", "library", "torch", or "copy" (device memcpy/memset, outside the compute shares)."""
     time_ms: _builtins.float
     share: _builtins.float
     stream: _builtins.int
