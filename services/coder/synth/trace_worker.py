@@ -158,12 +158,12 @@ def graph_nodes(gm: torch.fx.GraphModule, meta: dict[str, dict[str, Any]]) -> li
     return nodes
 
 
-def float_constants(gm: torch.fx.GraphModule) -> dict[str, Any]:
-    """(node, argument path) -> value for every float literal in the graph's arguments."""
+def _literals(gm: torch.fx.GraphModule, kind: type) -> dict[str, Any]:
+    """(node, argument path) -> value of every `kind` literal (bools excluded) in the graph's arguments."""
     found: dict[str, Any] = {}
 
     def walk(value: Any, path: str) -> None:
-        if isinstance(value, float) and not isinstance(value, bool):
+        if isinstance(value, kind) and not isinstance(value, bool):
             found[path] = value
         elif isinstance(value, tuple | list):
             for i, v in enumerate(value):
@@ -177,23 +177,14 @@ def float_constants(gm: torch.fx.GraphModule) -> dict[str, Any]:
     return found
 
 
-def int_constants(gm: torch.fx.GraphModule) -> dict[str, int]:
-    """(node, argument path) -> value for every int literal in the graph's arguments (shapes, dims...)."""
-    found: dict[str, int] = {}
+def float_constants(gm: torch.fx.GraphModule) -> dict[str, Any]:
+    """Every float literal in the graph's arguments (scales, eps...)."""
+    return _literals(gm, float)
 
-    def walk(value: Any, path: str) -> None:
-        if isinstance(value, int) and not isinstance(value, bool):
-            found[path] = value
-        elif isinstance(value, tuple | list):
-            for i, v in enumerate(value):
-                walk(v, f"{path}.{i}")
 
-    for n in gm.graph.nodes:
-        for i, a in enumerate(n.args):
-            walk(a, f"{n.name}:args.{i}")
-        for k, v in n.kwargs.items():
-            walk(v, f"{n.name}:kwargs.{k}")
-    return found
+def int_constants(gm: torch.fx.GraphModule) -> dict[str, Any]:
+    """Every int literal in the graph's arguments (shapes, dims...)."""
+    return _literals(gm, int)
 
 
 def baked_ints(model: torch.nn.Module, gm: torch.fx.GraphModule) -> dict[str, int]:
