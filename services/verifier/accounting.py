@@ -89,8 +89,13 @@ def global_symbols(sources: dict[str, str]) -> set[str]:
 
 
 def _defined_by(kernel: str, symbols: set[str]) -> bool:
-    """The profiler's kernel name starts with one of the candidate's `__global__` identifiers."""
-    head = kernel.removeprefix("void ").split("(", 1)[0].split("<", 1)[0]
+    """The profiler's kernel name starts with one of the candidate's `__global__` identifiers.
+
+    Names come demangled: `void ns::kern<4>(float*)`, and for kernels in an unnamed namespace
+    `(anonymous namespace)::kern(float*)`.
+    """
+    name = kernel.removeprefix("void ").replace("(anonymous namespace)::", "")
+    head = name.split("(", 1)[0].split("<", 1)[0]
     return head.rsplit("::", 1)[-1] in symbols
 
 

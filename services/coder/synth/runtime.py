@@ -153,7 +153,8 @@ STITCH_HD ArgAcc arg_combine(ArgAcc a, ArgAcc b, bool want_max) {
 
 // ---- strided addressing ----
 // A Desc maps a (row, col) position of a kernel's iteration domain to an element offset of one
-// operand: offset = sum_k ((row / rdiv[k]) % rmod[k]) * rstr[k] + the same over col. Broadcast
+// operand: offset = sum_k ((row / rdiv[k]) % rmod[k]) * rstr[k] + the same over col (rmod 0: no
+// modulo, the segment reaches the extent; rdiv 1: no division). Broadcast
 // dims have stride 0 and are dropped; adjacent dims that are contiguous with each other are merged.
 constexpr int kMaxSeg = 6;
 struct Desc {
@@ -168,7 +169,13 @@ STITCH_HD int64_t seg_off(const int64_t* div, const int64_t* mod, const int64_t*
   int64_t off = 0;
   STITCH_UNROLL
   for (int k = 0; k < kMaxSeg; ++k) {
-    if (k < n) off += static_cast<int64_t>((x / static_cast<I>(div[k])) % static_cast<I>(mod[k])) * str[k];
+    if (k < n) {
+      // div 1 and mod 0 (the outermost segment) skip their 64-bit divisions: the branches are uniform
+      // across a launch, and a plain contiguous operand (a norm's weight) then costs one multiply-add.
+      I q = div[k] == 1 ? x : x / static_cast<I>(div[k]);
+      if (mod[k] != 0) q = q % static_cast<I>(mod[k]);
+      off += static_cast<int64_t>(q) * str[k];
+    }
   }
   return off;
 }
@@ -246,7 +253,8 @@ inline void fill_segments(const at::Tensor& t, const std::vector<int64_t>& S, co
   TORCH_CHECK(count <= kMaxSeg, "operand layout has too many strided segments");
   for (int k = 0; k < count; ++k) {
     div[k] = sdiv[k];
-    mod[k] = smod[k];
+    // A segment spanning up to the domain's extent never wraps: 0 = no modulo (positions < below).
+    mod[k] = sdiv[k] * smod[k] >= below ? 0 : smod[k];
     str[k] = sstr[k];
   }
   *n = count;

@@ -97,6 +97,13 @@ def test_gpu_candidate_kernel_with_a_library_word_in_its_name_is_custom():
     kernel = "gemm_bias_relu_kernel(float const*, float const*, float const*, float*, long, long, long)"
     acc = account(_gpu_named(kernel), TOKEN, "cuda", {"gemm_bias_relu_kernel"})
     assert acc.custom_count == 1 and acc.library_ms == 0.0
+    # As the H200's profiler names a kernel defined in an unnamed namespace.
+    anonymous = (
+        "(anonymous namespace)::gemm_bias_relu_kernel(float const*, float const*, float*, int, int, int)"
+    )
+    for name in (anonymous, "void (anonymous namespace)::gemm_bias_relu_kernel<16>(float const*)"):
+        acc = account(_gpu_named(name), TOKEN, "cuda", {"gemm_bias_relu_kernel"})
+        assert acc.custom_count == 1 and acc.library_ms == 0.0, name
 
 
 def test_gpu_library_kernel_inside_the_extension_stays_library():
