@@ -167,15 +167,19 @@ struct Desc {
 template <typename I>
 STITCH_HD int64_t seg_off(const int64_t* div, const int64_t* mod, const int64_t* str, int n, I x) {
   int64_t off = 0;
-  STITCH_UNROLL
-  for (int k = 0; k < kMaxSeg; ++k) {
-    if (k < n) {
-      // div 1 and mod 0 (the outermost segment) skip their 64-bit divisions: the branches are uniform
-      // across a launch, and a plain contiguous operand (a norm's weight) then costs one multiply-add.
-      I q = div[k] == 1 ? x : x / static_cast<I>(div[k]);
-      if (mod[k] != 0) q = q % static_cast<I>(mod[k]);
-      off += static_cast<int64_t>(q) * str[k];
-    }
+  // div 1 and mod 0 (the outermost segment) skip their 64-bit divisions: the branches are uniform
+  // across a launch, and a plain contiguous operand (a norm's weight) costs one multiply-add.
+#if defined(__CUDA_ARCH__)
+  // A loop, not unrolled: unrolled over kMaxSeg for each element of each strided operand, the
+  // divisions made a row kernel too large for the instruction cache (LayerNorm: 9,455 PTX lines).
+#pragma unroll 1
+  for (int k = 0; k < n; ++k) {
+#else
+  for (int k = 0; k < kMaxSeg && k < n; ++k) {
+#endif
+    I q = div[k] == 1 ? x : x / static_cast<I>(div[k]);
+    if (mod[k] != 0) q = q % static_cast<I>(mod[k]);
+    off += static_cast<int64_t>(q) * str[k];
   }
   return off;
 }
