@@ -222,14 +222,22 @@ def geomean(values: list[float]) -> float:
 
 
 def run(
-    out_dir: Path, device: str, compile_baseline: bool, iters: int, results_path: Path | None, jobs: int
+    out_dir: Path,
+    device: str,
+    compile_baseline: bool,
+    iters: int,
+    results_path: Path | None,
+    jobs: int,
+    names: list[str] | None = None,
 ) -> None:
     import torch
 
     # Float32 means float32: no TF32 in cuBLAS or cuDNN, for the reference and the candidate alike.
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    folders = sorted(p for p in out_dir.iterdir() if (p / "manifest.json").is_file())
+    folders = sorted(
+        p for p in out_dir.iterdir() if (p / "manifest.json").is_file() and (not names or p.name in names)
+    )
     print(f"building {len(folders)} extensions with {jobs} processes", flush=True)
     errors: dict[str, str] = {}
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -327,7 +335,7 @@ def main() -> None:
     if args.phase in ("emit", "all"):
         emit(args.dir, args.device, args.variant, names)
     if args.phase in ("run", "all"):
-        run(args.dir, args.device, not args.no_compile, args.iters, args.out, args.jobs)
+        run(args.dir, args.device, not args.no_compile, args.iters, args.out, args.jobs, args.problems)
 
 
 if __name__ == "__main__":
