@@ -97,28 +97,30 @@ class CeleryTransport:
         if queue not in TASK_NAMES:
             raise ValueError(f"unknown queue {queue!r}")
         data = encode(envelope)
-        task_id = envelope.message_id or None
+        task_id = envelope.message_id or uuid.uuid4().hex
+        key = _TASKS_KEY.format(job_id=envelope.job_id) if envelope.job_id and self.redis is not None else ""
         if self.publisher is not None:
-            task_id = task_id or uuid.uuid4().hex
-            key = _TASKS_KEY.format(job_id=envelope.job_id) if envelope.job_id else ""
-            self.publisher.publish(queue, task_id, data, key)
-            return
-        try:
-            self.app.send_task(
-                TASK_NAMES[queue],
-                args=(data,),
-                queue=queue,
-                routing_key=queue,
-                task_id=task_id,
-                serializer="msgpack",
-                ignore_result=True,
-                retry=True,
-                retry_policy={"max_retries": 3, "interval_start": 0.1, "interval_step": 0.5},
-            )
-        except (OperationalError, KombuError, OSError) as exc:
-            raise Unavailable(f"the broker is unavailable: {exc}") from exc
-        if self.redis is not None and task_id and envelope.job_id:
-            key = _TASKS_KEY.format(job_id=envelope.job_id)
+            # The bookkeeping rides in the publish's round trip when the broker is the store's Redis.
+            shared = self.publisher.redis is self.redis
+            self.publisher.publish(queue, task_id, data, key if shared else "")
+            if shared:
+                return
+        else:
+            try:
+                self.app.send_task(
+                    TASK_NAMES[queue],
+                    args=(data,),
+                    queue=queue,
+                    routing_key=queue,
+                    task_id=task_id,
+                    serializer="msgpack",
+                    ignore_result=True,
+                    retry=True,
+                    retry_policy={"max_retries": 3, "interval_start": 0.1, "interval_step": 0.5},
+                )
+            except (OperationalError, KombuError, OSError) as exc:
+                raise Unavailable(f"the broker is unavailable: {exc}") from exc
+        if key:
             try:
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.sadd(key, task_id)

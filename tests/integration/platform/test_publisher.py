@@ -71,3 +71,22 @@ def test_a_dead_broker_is_unavailable_not_a_crash():
     with pytest.raises(Unavailable, match="broker is unavailable"):
         transport.send(PLANNER, new_envelope("job1", "acme", 0))
     app.close()
+
+
+def test_with_a_broker_apart_from_the_store_the_task_id_is_still_recorded_in_the_store(redis_db: object):
+    broker_url = REDIS_URL.rsplit("/", 1)[0] + "/15"
+    store, broker = connect(REDIS_URL), connect(broker_url)
+    app = create_celery(QueueSettings(redis_url=REDIS_URL, broker_url=broker_url))
+    env = new_envelope("job2", "acme", 0)
+    queue = "judge"
+    before = broker.llen(queue)
+    CeleryTransport(app, store, publisher=RedisQueuePublisher(app, broker)).send(queue, env)
+    try:
+        assert broker.llen(queue) == before + 1 and store.llen(queue) == 0
+        assert json.loads(broker.lindex(queue, 0))["headers"]["id"] == env.message_id
+        # Cancel reads the store: the id is there, not in the broker's database.
+        assert store.smembers("stitch:job:job2:tasks") == {env.message_id.encode()}
+        assert not broker.exists("stitch:job:job2:tasks")
+    finally:
+        broker.lrem(queue, 1, broker.lindex(queue, 0))
+        app.close()
