@@ -795,26 +795,33 @@ def main() -> None:
             del outs
 
         mark("timing")
-        # One profiled call on fresh inputs (D6).
+        # Profiled calls on fresh inputs (D6). On a CPU a short call is profiled up to three times: its
+        # accounting is wall time, and a preempted call inflates the extension's own time; the parent
+        # keeps the call with the lowest custom share.
         stage = "profile"
         auditor.phase = "profile"
         prof_set = header["profile_set"]
         xs = to_device(sets[prof_set], device)
         sync()
         prof_on[0] = True
-        before = custom_calls[0]
+        repeats = 1 if device == "cuda" else 3
         with open_profiler(profile_cls, torch, device) as prof:
-            with record_function(f"{token}::forward"):
-                if device == "cuda":
-                    torch.cuda._sleep(2000)  # a marker kernel on the caller's stream
-                with no_grad():
-                    result = model(*xs)
-            sync()
+            started = time.perf_counter()
+            for _ in range(repeats):
+                before = custom_calls[0]
+                with record_function(f"{token}::forward"):
+                    if device == "cuda":
+                        torch.cuda._sleep(2000)  # a marker kernel on the caller's stream
+                    with no_grad():
+                        result = model(*xs)
+                sync()
+                calls[0] += 1
+                if time.perf_counter() - started > 0.2:
+                    break
         prof_on[0] = False
         profiled_calls = custom_calls[0] - before
         outs = flatten(result)
         del result
-        calls[0] += 1
         trace_path = os.path.join(roots["work"], "trace.json")
         auditor.phase = "harness"
         prof.export_chrome_trace(trace_path)

@@ -32,6 +32,21 @@ def test_cpu_forward_without_extension_calls_has_no_custom_time():
     assert acc.custom_count == 0 and acc.share("torch") == 1.0
 
 
+def test_cpu_profiled_calls_are_judged_by_the_least_disturbed_one():
+    # Three profiled calls of an ATen passthrough; the first was preempted inside the extension.
+    events = []
+    for start, glue in ((0, 900), (2000, 20), (4000, 30)):
+        events += [
+            ev("user_annotation", f"{TOKEN}::forward", start, 1000),
+            ev("user_annotation", f"{TOKEN}::gemm_aten", start + 10, 100 + glue),
+            ev("cpu_op", "aten::addmm", start + 15, 90),
+        ]
+    acc = account(events, TOKEN, "cpu", set())
+    assert abs(acc.custom_ms - 0.030) < 1e-9 and acc.share("custom") < 0.3
+    # Judged alone, the preempted call would have looked like custom work.
+    assert account(events[:3], TOKEN, "cpu", set()).share("custom") > 0.9
+
+
 def test_forged_span_name_without_the_secret_token_is_not_custom():
     events = [
         ev("user_annotation", f"{TOKEN}::forward", 0, 1000),
