@@ -122,7 +122,8 @@ def _top_level(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def account(events: list[dict[str, Any]], token: str, device: str, symbols: set[str]) -> Accounting:
     """The profiled call's accounting; of several profiled calls (CPU), the lowest custom share.
 
-    CPU accounting is wall time, so a call preempted inside the extension shows extra "own" time;
+    CPU accounting is wall time, so a call preempted inside the extension (or slow to wake its thread
+    pool) shows extra "own" time;
     the lowest share is the least disturbed call, and a candidate that does its real work in only
     some calls is judged by the others.
     """
