@@ -38,6 +38,9 @@ JOINS = (
     "cudaDeviceSynchronize",
     "cuStreamWaitEvent",
 )
+# The runner's span around each profiled forward call: not an identifier, so no extension function
+# (whose spans are `<token>::<function name>`) can share it; `ext.forward` is a common name.
+CALL_SPAN = "<profiled call>"
 _GLOBAL = re.compile(r"__global__\s+(?:[\w:<>,\s\*&]*?\s)?(\w+)\s*\(")
 
 
@@ -128,10 +131,10 @@ def account(events: list[dict[str, Any]], token: str, device: str, symbols: set[
     some calls is judged by the others.
     """
     spans = [e for e in events if e["cat"] == "user_annotation" and e["name"].startswith(f"{token}::")]
-    forwards = [e for e in spans if e["name"] == f"{token}::forward"]
+    forwards = [e for e in spans if e["name"] == f"{token}::{CALL_SPAN}"]
     if not forwards:
         return Accounting(note="the profiled call left no trace")
-    custom_spans = [e for e in spans if e["name"] != f"{token}::forward"]
+    custom_spans = [e for e in spans if e["name"] != f"{token}::{CALL_SPAN}"]
     results = []
     for forward in forwards[: 1 if device == "cuda" else None]:
         lo, hi = forward["ts"], forward["ts"] + forward["dur"]

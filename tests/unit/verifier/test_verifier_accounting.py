@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stitchcuda.verifier.accounting import account, global_symbols
+from stitchcuda.verifier.accounting import CALL_SPAN, account, global_symbols
 
 TOKEN = "scdeadbeef"
 
@@ -13,7 +13,7 @@ def ev(cat, name, ts, dur, tid="1", stream=None, corr=None):
 
 def test_cpu_extension_time_counts_as_custom_minus_aten_inside():
     events = [
-        ev("user_annotation", f"{TOKEN}::forward", 0, 1000),
+        ev("user_annotation", f"{TOKEN}::{CALL_SPAN}", 0, 1000),
         ev("user_annotation", f"{TOKEN}::fused", 10, 800),
         ev("cpu_op", "aten::empty_like", 20, 10),
         ev("cpu_op", "aten::empty_strided", 21, 5),  # nested in empty_like: not counted twice
@@ -27,7 +27,7 @@ def test_cpu_extension_time_counts_as_custom_minus_aten_inside():
 
 
 def test_cpu_forward_without_extension_calls_has_no_custom_time():
-    events = [ev("user_annotation", f"{TOKEN}::forward", 0, 1000), ev("cpu_op", "aten::mul", 10, 500)]
+    events = [ev("user_annotation", f"{TOKEN}::{CALL_SPAN}", 0, 1000), ev("cpu_op", "aten::mul", 10, 500)]
     acc = account(events, TOKEN, "cpu", set())
     assert acc.custom_count == 0 and acc.share("torch") == 1.0
 
@@ -37,7 +37,7 @@ def test_cpu_profiled_calls_are_judged_by_the_least_disturbed_one():
     events = []
     for start, glue in ((0, 900), (2000, 20), (4000, 30)):
         events += [
-            ev("user_annotation", f"{TOKEN}::forward", start, 1000),
+            ev("user_annotation", f"{TOKEN}::{CALL_SPAN}", start, 1000),
             ev("user_annotation", f"{TOKEN}::gemm_aten", start + 10, 100 + glue),
             ev("cpu_op", "aten::addmm", start + 15, 90),
         ]
@@ -49,7 +49,7 @@ def test_cpu_profiled_calls_are_judged_by_the_least_disturbed_one():
 
 def test_forged_span_name_without_the_secret_token_is_not_custom():
     events = [
-        ev("user_annotation", f"{TOKEN}::forward", 0, 1000),
+        ev("user_annotation", f"{TOKEN}::{CALL_SPAN}", 0, 1000),
         ev("user_annotation", "sc00000000::fused", 10, 900),
         ev("cpu_op", "aten::mul", 20, 800),
     ]
@@ -59,7 +59,7 @@ def test_forged_span_name_without_the_secret_token_is_not_custom():
 def _gpu(kernel_stream, wait=False, launch_in_span=True):
     span = [ev("user_annotation", f"{TOKEN}::fused", 5, 50)] if launch_in_span else []
     events = [
-        ev("user_annotation", f"{TOKEN}::forward", 0, 100),
+        ev("user_annotation", f"{TOKEN}::{CALL_SPAN}", 0, 100),
         *span,
         ev("cuda_runtime", "cudaLaunchKernel", 1, 1, corr=1),
         ev("kernel", "spin_kernel", 200, 2, stream=7, corr=1),
@@ -100,7 +100,7 @@ def test_global_symbols_from_sources():
 
 def _gpu_named(kernel: str) -> list[dict[str, object]]:
     return [
-        ev("user_annotation", f"{TOKEN}::forward", 0, 100),
+        ev("user_annotation", f"{TOKEN}::{CALL_SPAN}", 0, 100),
         ev("user_annotation", f"{TOKEN}::fused", 5, 50),
         ev("cuda_runtime", "cudaLaunchKernel", 10, 2, corr=2),
         ev("kernel", kernel, 210, 80, stream=7, corr=2),
@@ -134,7 +134,7 @@ def test_gpu_library_kernel_inside_the_extension_stays_library():
 def test_device_copies_stay_out_of_the_compute_shares():
     # A CUDA graph fed by copies: copy-in, the replayed custom kernel, copy-out (clone).
     events = [
-        ev("user_annotation", f"{TOKEN}::forward", 0, 100),
+        ev("user_annotation", f"{TOKEN}::{CALL_SPAN}", 0, 100),
         ev("cuda_runtime", "cudaMemcpyAsync", 2, 1, corr=1),
         ev("gpu_memcpy", "Memcpy DtoD (Device -> Device)", 200, 30, stream=7, corr=1),
         ev("user_annotation", f"{TOKEN}::elementwise_chain_out", 5, 50),
@@ -153,3 +153,14 @@ def test_device_copies_stay_out_of_the_compute_shares():
         ev("kernel", "void at::native::vectorized_elementwise_kernel<4>", 330, 120, stream=7, corr=4)
     )
     assert account(events, TOKEN, "cuda", {"elementwise_chain_kernel"}).share("custom") == 0.25
+
+
+def test_an_extension_function_named_forward_is_custom_not_a_profiled_call():
+    # Synthesized extensions export `forward`: its span must not be mistaken for the runner's.
+    events = [
+        ev("user_annotation", f"{TOKEN}::{CALL_SPAN}", 0, 1000),
+        ev("user_annotation", f"{TOKEN}::forward", 10, 900),
+        ev("cpu_op", "aten::empty", 20, 10),
+    ]
+    acc = account(events, TOKEN, "cpu", set())
+    assert acc.custom_count == 1 and acc.share("custom") > 0.9
