@@ -38,8 +38,8 @@ JOINS = (
     "cudaDeviceSynchronize",
     "cuStreamWaitEvent",
 )
-# The runner's span around each profiled forward call: not an identifier, so no extension function
-# (whose spans are `<token>::<function name>`) can share it; `ext.forward` is a common name.
+# The runner's span around each profiled forward call (sent to it in the run's header): not an
+# identifier, so no extension function (spans `<token>::<function name>`) can share it.
 CALL_SPAN = "<profiled call>"
 _GLOBAL = re.compile(r"__global__\s+(?:[\w:<>,\s\*&]*?\s)?(\w+)\s*\(")
 
@@ -126,9 +126,8 @@ def account(events: list[dict[str, Any]], token: str, device: str, symbols: set[
     """The profiled call's accounting; of several profiled calls (CPU), the lowest custom share.
 
     CPU accounting is wall time, so a call preempted inside the extension (or slow to wake its thread
-    pool) shows extra "own" time;
-    the lowest share is the least disturbed call, and a candidate that does its real work in only
-    some calls is judged by the others.
+    pool) shows extra "own" time; the lowest share is the least disturbed call, and a candidate that
+    does its real work in only some calls is judged by the others.
     """
     spans = [e for e in events if e["cat"] == "user_annotation" and e["name"].startswith(f"{token}::")]
     forwards = [e for e in spans if e["name"] == f"{token}::{CALL_SPAN}"]

@@ -19,6 +19,7 @@ import torch
 
 from stitchcuda.api.v1 import code_pb2
 from stitchcuda.shared.candidate import ENTRY
+from stitchcuda.verifier.accounting import CALL_SPAN
 from stitchcuda.verifier.harness import wire
 from stitchcuda.verifier.reference import ReferenceResult
 from stitchcuda.verifier.sandbox import Launch, Mount, Outcome, RunSpec, Sandbox
@@ -199,6 +200,7 @@ class CandidateRunner:
             "work_dir": inside["work"],
             "init_seed": plan.init_seed,
             "span_token": token,
+            "call_span": f"{token}::{CALL_SPAN}",
             "steps": steps,
             "pool": [p for p in plan.pool if p in ref.sets],
             "warmup": plan.warmup,

@@ -809,7 +809,7 @@ def main() -> None:
             started = time.perf_counter()
             for _ in range(repeats):
                 before = custom_calls[0]
-                with record_function(f"{token}::<profiled call>"):  # accounting.CALL_SPAN
+                with record_function(header["call_span"]):
                     if device == "cuda":
                         torch.cuda._sleep(2000)  # a marker kernel on the caller's stream
                     with no_grad():
