@@ -32,6 +32,17 @@ class DeviceChoice(StrEnum):
     cuda = "cuda"
 
 
+class PolicyChoice(StrEnum):
+    strict = "strict"
+    library = "library"
+
+
+POLICY_HELP = (
+    "Kernel policy: strict (GEMM/convolution must be the program's own kernels) or library "
+    "(declared cuBLAS/cuDNN calls accepted, the custom-share rule applied to the time outside them)."
+)
+
+
 class Backend(StrEnum):
     builtin = "builtin"
     llm = "llm"
@@ -71,6 +82,7 @@ def optimize(
     backend: Annotated[Backend, typer.Option(help="Coder backend.")] = Backend.builtin,
     samples: Annotated[int, typer.Option(min=1, max=16, help="Candidates per round.")] = 1,
     target_speedup: Annotated[float, typer.Option(min=0, help="Stop once reached (0 = never early).")] = 0.0,
+    policy: Annotated[PolicyChoice, typer.Option(help=POLICY_HELP)] = PolicyChoice.strict,
 ) -> None:
     """Plan, code and verify PROBLEM.py in this process; write model_new.py and a report."""
     from stitchcuda.api.v1 import jobs_pb2
@@ -94,10 +106,12 @@ def optimize(
             coder_backend=backend.value,
             samples=samples,
             max_replans=1,
+            kernel_policy=policy.value,
         ),
     )
     console.print(
-        f"[bold]StitchCUDA[/] optimizing [cyan]{prob.name}[/] on [cyan]{resolved}[/] ({rounds} rounds)"
+        f"[bold]StitchCUDA[/] optimizing [cyan]{prob.name}[/] on [cyan]{resolved}[/] "
+        f"(first round + {rounds} optimize rounds, {policy.value} kernel policy)"
     )
     staging = Path(tempfile.mkdtemp(prefix="stitchcuda-run-"))
     platform = EmbeddedPlatform(CommonSettings(), artifact_root=staging / "artifacts")
@@ -162,8 +176,10 @@ def verify(
     ],
     device: Annotated[DeviceChoice, typer.Option()] = DeviceChoice.auto,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+    policy: Annotated[PolicyChoice, typer.Option(help=POLICY_HELP)] = PolicyChoice.strict,
 ) -> None:
     """Verify CANDIDATE against REFERENCE: exit 0 if accepted, 1 if rejected, 2 for a usage error."""
+    from stitchcuda.api.v1 import verify_pb2
     from stitchcuda.shared import candidate as cand_format
     from stitchcuda.shared.errors import InvalidRequest, ProblemError
     from stitchcuda.verifier.service import VerifierService
@@ -180,8 +196,15 @@ def verify(
     except InvalidRequest as exc:
         raise _fail(f"{candidate}: {exc}") from None
     cand.candidate_id = cand.candidate_id or candidate.stem
+    if policy is PolicyChoice.library and not cand.build.libraries:
+        # A hand-written program declares nothing: choosing the library policy here is the declaration.
+        from stitchcuda.shared.policy import KernelPolicy
+
+        cand.build.libraries.extend(sorted(KernelPolicy("library").families()))
     try:
-        verdict = VerifierService().verify(prob.source, cand, device=resolved)
+        verdict = VerifierService().verify(
+            prob.source, cand, device=resolved, policy=verify_pb2.VerifyPolicy(kernel_policy=policy.value)
+        )
     except ProblemError as exc:
         raise _fail(str(exc)) from None
     if as_json:

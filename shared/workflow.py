@@ -15,6 +15,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from stitchcuda.api.v1 import code_pb2, jobs_pb2, messages_pb2, plan_pb2, verify_pb2
 from stitchcuda.shared import pipeline, report
+from stitchcuda.shared import policy as kernel_policy
 from stitchcuda.shared.artifacts import ArtifactStore, Keys
 from stitchcuda.shared.candidate import export_standalone
 from stitchcuda.shared.envelope import SCHEMA_VERSION, new_envelope
@@ -107,6 +108,7 @@ class Workflow:
             raise InvalidRequest("a job needs a tenant")
         spec = _with_defaults(spec)
         spec.device = self._resolve_device(spec.device)
+        spec.options.kernel_policy = kernel_policy.resolve(spec.options.kernel_policy).name
         decision = pipeline.start(limits_of(spec.options))
         state = decision.state
         now = _now()
@@ -327,6 +329,7 @@ class Workflow:
             req.plan_key = Keys.plan(tenant, jid, state.replans)
             req.samples = job.spec.options.samples or 1
             req.backend = job.spec.options.coder_backend or "builtin"
+            req.kernel_policy = job.spec.options.kernel_policy
             if action.base is not None:
                 req.previous_candidate_key = Keys.candidate(tenant, jid, *action.base)
                 req.previous_verdict_key = Keys.verdict(tenant, jid, *action.base)
@@ -358,6 +361,9 @@ class Workflow:
         policy.CopyFrom(self._verify_policy)
         if job.spec.options.timing_iterations:
             policy.timing_iterations = job.spec.options.timing_iterations
+        if job.spec.options.kernel_policy:
+            # The Coder reads the same field (CoderRequest.kernel_policy): one policy for both sides.
+            policy.kernel_policy = job.spec.options.kernel_policy
         return policy
 
     def _write_result(self, job: jobs_pb2.Job, state: pipeline.LoopState, reason: str) -> None:

@@ -16,11 +16,12 @@ from stitchcuda.coder.llm.coder import LLMCoder
 from stitchcuda.coder.rag.retriever import Retriever, make_retriever
 from stitchcuda.coder.settings import CoderSettings
 from stitchcuda.coder.synth.ir import Unsupported
-from stitchcuda.coder.synth.synthesizer import Synthesizer, to_candidate
+from stitchcuda.coder.synth.synthesizer import Synthesizer, to_candidate, within_policy
 from stitchcuda.coder.synth.trace import TraceError
 from stitchcuda.coder.synth.variants import Variant, next_variants, tried_signatures
 from stitchcuda.shared import devices
 from stitchcuda.shared.errors import InvalidRequest
+from stitchcuda.shared.policy import KernelPolicy
 
 log = logging.getLogger("stitchcuda.coder")
 BACKENDS = ("builtin", "llm")
@@ -91,13 +92,14 @@ class CoderService:
             self._retriever = make_retriever(self.settings.rag_backend)
         return self._retriever
 
-    def llm_coder(self) -> LLMCoder:
+    def llm_coder(self, policy: KernelPolicy | None = None) -> LLMCoder:
         return LLMCoder(
             self.llm(),
             retriever=self.retriever(),
             top_k=self.settings.rag_top_k,
             structured=self.settings.structured_output != "text",
             char_budget=self.settings.prompt_char_budget,
+            policy=policy,
         )
 
     # ---- skills ----------------------------------------------------------------------------------------
@@ -110,23 +112,28 @@ class CoderService:
         backend: str = "builtin",
         job_id: str = "",
         round_: int = 0,
+        policy: KernelPolicy | None = None,
     ) -> list[code_pb2.Candidate]:
         backend = _check_backend(backend)
         samples = max(1, samples)
         target = target_device(plan)
+        policy = policy or KernelPolicy()
         if backend == "llm":
-            return self.llm_coder().generate(
+            return self.llm_coder(policy).generate(
                 reference_source, plan, target=target, samples=samples, job_id=job_id, round_=round_
             )
-        variants = [(self.default_variant, "default variant")]
+        first = within_policy(self.default_variant, policy)
+        variants = [(first, "default variant")]
         for change in GENERATE_ALTERNATIVES[target]:
             if len(variants) >= samples:
                 break
-            v = self.default_variant.with_(**change)
+            v = within_policy(first.with_(**change), policy)
             if all(v != w for w, _ in variants):
                 variants.append((v, "alternative: " + ", ".join(f"{k}={x}" for k, x in change.items())))
         return [
-            self._synthesize(reference_source, plan, v, why, target, job_id, round_, i, tried=[])
+            self._synthesize(
+                reference_source, plan, v, why, target, job_id, round_, i, tried=[], policy=policy
+            )
             for i, (v, why) in enumerate(variants)
         ]
 
@@ -141,12 +148,14 @@ class CoderService:
         backend: str = "builtin",
         job_id: str = "",
         round_: int = 0,
+        policy: KernelPolicy | None = None,
     ) -> list[code_pb2.Candidate]:
         backend = _check_backend(backend)
         samples = max(1, samples)
         target = target_device(plan)
+        policy = policy or KernelPolicy()
         if backend == "llm":
-            return self.llm_coder().optimize(
+            return self.llm_coder(policy).optimize(
                 reference_source,
                 plan,
                 previous,
@@ -159,10 +168,20 @@ class CoderService:
         if previous.coder != "builtin" or previous.failure:
             # Nothing of ours to tune: start from the synthesizer's default program.
             return self.generate(
-                reference_source, plan, samples=samples, backend="builtin", job_id=job_id, round_=round_
+                reference_source,
+                plan,
+                samples=samples,
+                backend="builtin",
+                job_id=job_id,
+                round_=round_,
+                policy=policy,
             )
         tried = [*tried_signatures(previous.variant), Variant.from_map(previous.variant).signature()]
-        picks = next_variants(previous.variant, verdict, cuda=target == "cuda", count=samples)
+        picks = [
+            (v, why)
+            for v, why in next_variants(previous.variant, verdict, cuda=target == "cuda", count=samples + 2)
+            if within_policy(v, policy) == v
+        ][:samples]
         if not picks:
             cand = failed(
                 "the built-in synthesizer has no untried variant left for this feedback",
@@ -176,7 +195,7 @@ class CoderService:
         out = []
         for i, (variant, why) in enumerate(picks):
             cand = self._synthesize(
-                reference_source, plan, variant, why, target, job_id, round_, i, tried=tried
+                reference_source, plan, variant, why, target, job_id, round_, i, tried=tried, policy=policy
             )
             cand.parent_id = previous.candidate_id
             out.append(cand)
@@ -194,9 +213,12 @@ class CoderService:
         index: int,
         *,
         tried: list[str],
+        policy: KernelPolicy,
     ) -> code_pb2.Candidate:
         try:
-            synthesis = self.synthesizer.synthesize(reference_source, plan, variant=variant, device=target)
+            synthesis = self.synthesizer.synthesize(
+                reference_source, plan, variant=variant, device=target, policy=policy
+            )
         except (Unsupported, TraceError, InvalidRequest) as exc:
             log.info("builtin synthesizer: %s", exc)
             cand = failed(

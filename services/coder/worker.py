@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from stitchcuda.api.v1 import code_pb2, jobs_pb2, messages_pb2
 from stitchcuda.coder.service import CoderService
+from stitchcuda.shared import policy as kernel_policy
 from stitchcuda.shared.artifacts import ArtifactStore
 from stitchcuda.shared.errors import StitchError, Unavailable
 from stitchcuda.shared.worker import BaseWorker
@@ -25,6 +26,7 @@ class CoderWorker(BaseWorker):
         self.workflow.progress(env, self.stage, 0.0, f"{skill}: writing round {env.round}")
         samples, backend = req.samples or 1, req.backend or "builtin"
         try:
+            policy = kernel_policy.resolve(req.kernel_policy or job.spec.options.kernel_policy)
             if req.skill == code_pb2.SKILL_OPTIMIZE:
                 previous = self.load_candidate(req.previous_candidate_key)
                 verdict = self.load_verdict(req.previous_verdict_key)
@@ -37,10 +39,17 @@ class CoderWorker(BaseWorker):
                     backend=backend,
                     job_id=env.job_id,
                     round_=env.round,
+                    policy=policy,
                 )
             else:
                 candidates = self.service.generate(
-                    source, plan, samples=samples, backend=backend, job_id=env.job_id, round_=env.round
+                    source,
+                    plan,
+                    samples=samples,
+                    backend=backend,
+                    job_id=env.job_id,
+                    round_=env.round,
+                    policy=policy,
                 )
         except Unavailable:
             raise

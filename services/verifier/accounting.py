@@ -81,6 +81,11 @@ class Accounting:
         compute = self.custom_ms + self.library_ms + self.torch_ms
         return value / compute if compute > 0 else 0.0
 
+    def custom_share_outside_library(self) -> float:
+        """Custom share of the compute time that is not declared library time (the library policy's D6)."""
+        rest = self.custom_ms + self.torch_ms
+        return self.custom_ms / rest if rest > 0 else 1.0
+
 
 def global_symbols(sources: dict[str, str]) -> set[str]:
     """`__global__` kernel names defined in the candidate's sources (a fallback for attribution)."""

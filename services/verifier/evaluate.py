@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stitchcuda.api.v1 import plan_pb2, verify_pb2
+from stitchcuda.shared.policy import KernelPolicy
 from stitchcuda.verifier import compare
 from stitchcuda.verifier.accounting import Accounting, account, global_symbols
 from stitchcuda.verifier.ceilings import Floor, physics_floor
@@ -44,6 +45,13 @@ class Policy:
     floor_fraction: float
     clock_factor: float
     clock_slack_ms: float
+    kernel: KernelPolicy = field(default_factory=KernelPolicy)
+    # Libraries the candidate's manifest declares (counted outside D6 under the library policy).
+    declared: frozenset[str] = frozenset()
+
+    @property
+    def library_excluded(self) -> bool:
+        return self.kernel.accepts_library and bool(self.declared)
 
 
 # Runtime rules a problem's policy may soften (VerifyPolicy.allowed_rules). Tampering, crashes, wrong
@@ -361,18 +369,39 @@ def _accounting_findings(
     if acc.note:
         findings.add("D6.no-profile", "REJECT", acc.note)
         return
+    if (acc.custom_count == 0 or acc.custom_ms <= 0) and policy.library_excluded and acc.library_ms > 0:
+        if acc.torch_ms > 0:
+            findings.add(
+                "D6.low-custom-share",
+                "REJECT",
+                f"no custom kernel ran; outside the declared library calls, torch kernels did "
+                f"{acc.torch_ms:.3f} ms of work",
+                "profile",
+            )
+        else:
+            findings.add(
+                "D6.library-only", "WARNING", "only the declared library calls ran (kernel policy library)"
+            )
+        return
     if acc.custom_count == 0 or acc.custom_ms <= 0:
         what = "no custom kernel ran" if ref.device == "cuda" else "the extension did no work"
         findings.add("D6.no-custom-kernel", "REJECT", f"{what} during the profiled forward call", "profile")
         return
-    share = acc.share("custom")
+    if policy.library_excluded:
+        share = acc.custom_share_outside_library()
+        scope = "of the compute time outside the declared library calls"
+        others: tuple[str, ...] = ("custom", "copy", "library")
+    else:
+        share = acc.share("custom")
+        scope = "of the compute time (device copies excluded)"
+        others = ("custom", "copy")
     if share + 1e-9 < policy.min_custom_share:
-        top = next((k for k in acc.kernels if k.origin not in ("custom", "copy")), None)
+        top = next((k for k in acc.kernels if k.origin not in others), None)
         hint = f"; largest other: {top.name[:80]} ({top.origin}, {top.time_ms:.3f} ms)" if top else ""
         findings.add(
             "D6.low-custom-share",
             "REJECT",
-            f"custom kernels cover {share:.0%} of the compute time (device copies excluded) "
+            f"custom kernels cover {share:.0%} {scope} "
             f"(policy: at least {policy.min_custom_share:.0%}){hint}",
             "profile",
         )

@@ -44,6 +44,8 @@ RULES: tuple[Rule, ...] = (
          "PyTorch compute on the forward path (torch.*, F.*, nn layers, tensor methods, arithmetic, ATen)"),
     Rule("D11.library-call",       REJECT,   True,    "1",
          "vendor library compute (cuBLAS, cuDNN, MKL, oneDNN, cblas) called from the sources"),
+    Rule("D11.library-declared",   INFO,     False,   "1",
+         "a declared cuBLAS/cuDNN call for GEMM/convolution, accepted by the job's library kernel policy"),
     Rule("D11.no-custom-call",     REJECT,   True,    "1,3,4",
          "the forward path never calls the extension or a kernel of its own"),
     Rule("D11.fallback",           REJECT,   False,   "2,3",

@@ -18,6 +18,7 @@ from pathlib import Path
 from stitchcuda.api.v1 import code_pb2, plan_pb2, verify_pb2
 from stitchcuda.shared import candidate as candidate_format
 from stitchcuda.shared import devices
+from stitchcuda.shared import policy as kernel_policy
 from stitchcuda.shared.artifacts import ArtifactStore, LocalArtifactStore, sha256_hex
 from stitchcuda.shared.errors import InvalidRequest, Unavailable
 from stitchcuda.verifier import evaluate, feedback, ncu
@@ -104,6 +105,8 @@ class VerifierService:
             candidate_id=candidate.candidate_id,
             device=devices.to_proto(device),
         )
+        pol.declared = frozenset(candidate.build.libraries)
+        verdict.kernel_policy = pol.kernel.name
         findings = FindingList(pol.allowed_rules)
         if self.sandbox.warning:
             findings.add("D9.sandbox-unavailable", "WARNING", self.sandbox.warning)
@@ -138,6 +141,7 @@ class VerifierService:
             floor_fraction=s.floor_fraction,
             clock_factor=s.clock_factor,
             clock_slack_ms=s.clock_slack_ms,
+            kernel=kernel_policy.resolve(p.kernel_policy or s.kernel_policy),
         )
 
     # --- the protocol ----------------------------------------------------------------------------
@@ -164,7 +168,7 @@ class VerifierService:
         if candidate.build.backend == "cuda" and device == "cpu":
             findings.add("candidate.backend", "REJECT", "a CUDA candidate cannot run on the cpu device")
             return
-        self._static(candidate, reference_source, findings)
+        self._static(candidate, reference_source, pol, findings)
 
         report("build", 0.05)
         build, ext_dir = self.builder.build(candidate)
@@ -270,11 +274,13 @@ class VerifierService:
                     if dram or sm:
                         stat.bound = "memory" if dram >= sm else "compute"
 
-    def _static(self, candidate: code_pb2.Candidate, reference_source: str, findings: FindingList) -> None:
+    def _static(
+        self, candidate: code_pb2.Candidate, reference_source: str, pol: Policy, findings: FindingList
+    ) -> None:
         if static_scan is None:
             return
         try:
-            findings.extend(list(static_scan(candidate, reference_source, findings.allowed)))
+            findings.extend(list(static_scan(candidate, reference_source, findings.allowed, pol.kernel)))
         except Exception as exc:  # a bug in the scanner must not sink an honest candidate
             log.exception("static scan failed")
             findings.add("D11.scan-error", "WARNING", f"static scan failed: {type(exc).__name__}: {exc}")

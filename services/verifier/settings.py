@@ -21,6 +21,8 @@ class VerifierSettings(CommonSettings):
     min_custom_share: float = Field(default=0.5, ge=0.0, le=1.0)
     review_speedup: float = 10.0
     compile_baseline: bool = True
+    # The kernel policy of requests that name none (stitchcuda.shared.policy): strict or library.
+    kernel_policy: Literal["strict", "library"] = "strict"
     # Tolerance: rel_L2 <= max(floor, factor * err(fp32 reference vs fp64)), and the same for rel-max.
     tol_floor: float = 1e-5
     tol_max_floor: float = 1e-4

@@ -9,25 +9,67 @@ in allowed_rules drops from REJECT to WARNING.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable
 
 from stitchcuda.api.v1 import code_pb2, verify_pb2
 from stitchcuda.shared.candidate import ENTRY, SOURCE_SUFFIXES
+from stitchcuda.shared.policy import KernelPolicy
 from stitchcuda.verifier.static_cpp import scan_sources
 from stitchcuda.verifier.static_flow import Flow
 from stitchcuda.verifier.static_graph import Program
 from stitchcuda.verifier.static_module import ModuleScan, reference_info
 from stitchcuda.verifier.static_names import Names
-from stitchcuda.verifier.static_report import Hits
+from stitchcuda.verifier.static_report import Hit, Hits
 
 __all__ = ["scan", "scan_hits"]
 
 
 def scan(
-    candidate: code_pb2.Candidate, reference_source: str, allowed_rules: Iterable[str] = ()
+    candidate: code_pb2.Candidate,
+    reference_source: str,
+    allowed_rules: Iterable[str] = (),
+    kernel_policy: KernelPolicy | None = None,
 ) -> list[verify_pb2.Finding]:
-    """Every D11 finding for the candidate, REJECTs first."""
-    return scan_hits(candidate, reference_source).findings(allowed_rules)
+    """Every D11 finding for the candidate under the job's kernel policy, REJECTs first."""
+    hits = scan_hits(candidate, reference_source)
+    return apply_kernel_policy(hits, candidate, kernel_policy or KernelPolicy()).findings(allowed_rules)
+
+
+# The op or function a library hit names: "ATen compute in C++: at::conv2d(x, ..." -> "conv2d".
+_ATEN_NAME = re.compile(r"ATen compute in C\+\+: (?:at|torch)::(?:\w+::)*(\w+)\s*\(")
+_CALL_NAME = re.compile(r"vendor library compute: (\w+)\s*\(")
+
+
+def apply_kernel_policy(hits: Hits, candidate: code_pb2.Candidate, policy: KernelPolicy) -> Hits:
+    """GEMM/convolution library calls the policy accepts become D11.library-declared (INFO); the rest
+    keep their REJECT, with the policy named in the detail so the Coder knows what to change."""
+    declared = set(candidate.build.libraries)
+    out = Hits()
+    for hit in hits:
+        out.extend([_under_policy(hit, policy, declared)])
+    return out
+
+
+def _under_policy(hit: Hit, policy: KernelPolicy, declared: set[str]) -> Hit:
+    if hit.rule == "D11.torch-op":
+        m = _ATEN_NAME.match(hit.detail)
+        name, family = (m.group(1), policy.family_of_aten(m.group(1))) if m else ("", "")
+    elif hit.rule == "D11.library-call":
+        m = _CALL_NAME.match(hit.detail)
+        name, family = (m.group(1), policy.family_of_call(m.group(1))) if m else ("", "")
+    else:
+        return hit
+    if not family:
+        return hit
+    allowed = policy.allows_aten(name, declared) or policy.allows_call(name, declared)
+    if allowed:
+        return Hit("D11.library-declared", f"{family}: {name} (kernel policy library)", hit.where)
+    if policy.accepts_library:
+        why = f"; the library policy accepts it once the manifest declares libraries: [{family!r}]"
+    else:
+        why = "; the strict kernel policy wants GEMM/convolution as the candidate's own kernels"
+    return Hit(hit.rule, hit.detail + why, hit.where)
 
 
 def scan_hits(candidate: code_pb2.Candidate, reference_source: str) -> Hits:

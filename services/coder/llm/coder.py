@@ -13,6 +13,7 @@ from stitchcuda.coder.llm.parse import CANDIDATE_SCHEMA, ParseError, parse_answe
 from stitchcuda.coder.llm.prompts import Doc, render_generate, render_optimize, render_system
 from stitchcuda.coder.rag.retriever import Retriever, query_for
 from stitchcuda.shared.candidate import ENTRY
+from stitchcuda.shared.policy import KernelPolicy
 
 log = logging.getLogger("stitchcuda.coder.llm")
 
@@ -26,8 +27,10 @@ class LLMCoder:
         top_k: int = 4,
         structured: bool = True,
         char_budget: int = 60_000,
+        policy: KernelPolicy | None = None,
     ) -> None:
         self.client = client
+        self.policy = policy or KernelPolicy()
         self.retriever = retriever
         self.top_k = top_k
         self.structured = structured
@@ -102,7 +105,9 @@ class LLMCoder:
         if len(user) > self.char_budget:
             user = user[: self.char_budget] + "\n\n(prompt truncated to the configured budget)"
         dtype = plan.dtype if plan is not None and plan.dtype else "float32"
-        system = render_system(target=target, dtype=dtype, structured=self.structured)
+        system = render_system(
+            target=target, dtype=dtype, structured=self.structured, library_policy=self.policy.accepts_library
+        )
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         completions = self.client.complete(
             messages, n=samples, json_schema=CANDIDATE_SCHEMA if self.structured else None

@@ -41,6 +41,7 @@ CANDIDATE_SCHEMA: dict[str, Any] = {
         "cflags": {"type": "array", "items": {"type": "string"}},
         "cuda_cflags": {"type": "array", "items": {"type": "string"}},
         "ldflags": {"type": "array", "items": {"type": "string"}},
+        "libraries": {"type": "array", "items": {"type": "string", "enum": ["cublas", "cudnn"]}},
     },
     "required": ["files"],
 }
@@ -211,6 +212,7 @@ def parse_answer(text: str, *, backend: str) -> Parsed:
         cuda_cflags=_flags(payload, "cuda_cflags", defaults["cuda_cflags"]),
         ldflags=_flags(payload, "ldflags", defaults["ldflags"]),
         backend=target,
+        libraries=_flags(payload, "libraries", []),
     )
     cand = code_pb2.Candidate(
         files=[code_pb2.SourceFile(path=p, content=c) for p, c in files.items()], build=build, entry=ENTRY

@@ -120,9 +120,11 @@ def _files(candidate: code_pb2.Candidate, limit: int) -> list[dict[str, str]]:
     return out
 
 
-def render_system(*, target: str, dtype: str = "float32", structured: bool = False) -> str:
+def render_system(
+    *, target: str, dtype: str = "float32", structured: bool = False, library_policy: bool = False
+) -> str:
     return _ENV.get_template("system.j2").render(
-        target=target, dtype=dtype or "float32", structured=structured
+        target=target, dtype=dtype or "float32", structured=structured, library_policy=library_policy
     )
 
 

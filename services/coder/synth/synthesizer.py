@@ -18,6 +18,7 @@ from stitchcuda.coder.synth.runtime import HEADER, HEADER_NAME
 from stitchcuda.coder.synth.trace import Trace, run_trace, trace_from_json
 from stitchcuda.coder.synth.variants import Variant
 from stitchcuda.shared.candidate import ENTRY, validate
+from stitchcuda.shared.policy import KernelPolicy
 
 
 @dataclass
@@ -107,7 +108,10 @@ class Synthesizer:
         *,
         variant: Variant,
         device: str | None = None,
+        policy: KernelPolicy | None = None,
     ) -> Synthesis:
+        policy = policy or KernelPolicy()
+        variant = within_policy(variant, policy)
         backend = target_of(plan, device)
         trace = self.trace(reference_source)
         graph, program = self.lower(trace, variant, plan)
@@ -128,6 +132,15 @@ class Synthesizer:
             forward_file = "forward.cpp"
         summary = [f"{k.name}: {k.kind} over {', '.join(k.origins)}" for k in program.kernels]
         library = [s.op.fn for s in program.steps if s.op is not None and s.op.kind == "lib"]
+        try:
+            libraries = library_families(library, variant, policy)
+        except Unsupported:
+            if variant.gemm == "custom":
+                raise
+            # A library call outside the policy (attention through ATen): our own kernels instead.
+            return self.synthesize(
+                reference_source, plan, variant=variant.with_(gemm="custom"), device=device, policy=policy
+            )
         features = {k.kind for k in program.kernels}
         for fn in library:
             features.add("conv" if fn.startswith("conv") else "gemm" if fn != "sdpa" else "attention")
@@ -153,6 +166,7 @@ class Synthesizer:
             cuda_cflags=cuda_cflags,
             ldflags=ldflags,
             backend=backend,
+            libraries=libraries,
         )
         rationale = "; ".join(summary)
         if library:
@@ -160,6 +174,29 @@ class Synthesizer:
         synthesis = Synthesis(files, build, variant, rationale, summary, sorted(features))
         validate(to_candidate(synthesis))
         return synthesis
+
+
+def within_policy(variant: Variant, policy: KernelPolicy) -> Variant:
+    """The variant the policy allows: under strict, GEMM and convolution are always our own kernels."""
+    return variant if policy.accepts_library else variant.with_(gemm="custom")
+
+
+# Library steps of a program -> the ATen op its code calls (the family follows from the policy's table).
+_LIBRARY_OP = {"lstm": "addmm", "sdpa": "scaled_dot_product_attention"}
+
+
+def library_families(library: list[str], variant: Variant, policy: KernelPolicy) -> list[str]:
+    """The libraries a program declares; raises Unsupported for a call the policy does not accept."""
+    if variant.gemm == "custom":
+        return []
+    families = set()
+    for fn in library:
+        op = _LIBRARY_OP.get(fn, fn)
+        family = policy.family_of_aten(op)
+        if not family or family not in policy.families():
+            raise Unsupported(f"{fn} through ATen is outside the {policy.name} kernel policy")
+        families.add(family)
+    return sorted(families)
 
 
 def to_candidate(s: Synthesis) -> code_pb2.Candidate:

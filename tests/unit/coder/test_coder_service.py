@@ -14,6 +14,7 @@ from stitchcuda.coder.settings import CoderSettings
 from stitchcuda.coder.synth.synthesizer import Synthesizer
 from stitchcuda.shared.candidate import validate
 from stitchcuda.shared.errors import InvalidRequest, Unavailable
+from stitchcuda.shared.policy import KernelPolicy
 
 PROBLEMS = Path(__file__).resolve().parents[3] / "benchmarks" / "problems"
 REFERENCE = (PROBLEMS / "01_elementwise_chain.py").read_text()
@@ -93,13 +94,14 @@ def test_builtin_optimize_reacts_to_the_verdict(synthesizer: Synthesizer) -> Non
     cands = svc.optimize(ref, cpu_plan(), first, verdict, samples=2, job_id="j", round_=1)
     assert [c.variant["acc"] for c in cands][:1] == ["double"]
     assert all(c.parent_id == first.candidate_id and c.round == 1 for c in cands)
-    assert cands[0].variant["tried"] == "default"
+    # The strict kernel policy (the default) makes every GEMM/convolution our own kernel.
+    assert cands[0].variant["tried"] == "gemm=custom"
     assert "close miss" in cands[0].rationale
     # The next round proposes only untried variants, and remembers everything tried so far.
     accepted = verify_pb2.Verdict(accepted=True, compiled=True, correct=True)
     nxt = svc.optimize(ref, cpu_plan(), cands[0], accepted, samples=3, job_id="j", round_=2)
     assert len(nxt) == 3
-    assert {c.variant["tried"] for c in nxt} == {"default;acc=double"}
+    assert {c.variant["tried"] for c in nxt} == {"gemm=custom;gemm=custom,acc=double"}
     assert all(c.variant["acc"] == "double" or c.variant["grain"] == "32768" for c in nxt)
     assert len({c.candidate_id for c in nxt}) == 3
 
@@ -113,15 +115,27 @@ def test_pointwise_program_is_not_offered_reduction_knobs(synthesizer: Synthesiz
     assert changed <= {"grain", "tried"}, changed
 
 
-def test_library_rejection_switches_to_custom_kernels(synthesizer: Synthesizer) -> None:
+def test_strict_policy_writes_own_gemm_kernels_from_the_start(synthesizer: Synthesizer) -> None:
+    ref = (PROBLEMS / "06_gemm_bias_relu.py").read_text()
+    (first,) = service(synthesizer).generate(ref, cpu_plan())
+    src = next(f.content for f in first.files if f.path == "forward.cpp")
+    assert first.variant["gemm"] == "custom" and not first.build.libraries
+    assert "at::addmm(" not in src and "stitch_gemm_launch" in src
+
+
+def test_library_policy_declares_the_library_and_rejection_switches_to_custom(
+    synthesizer: Synthesizer,
+) -> None:
     ref = (PROBLEMS / "06_gemm_bias_relu.py").read_text()
     svc = service(synthesizer)
-    (first,) = svc.generate(ref, cpu_plan())
+    library = KernelPolicy("library")
+    (first,) = svc.generate(ref, cpu_plan(), policy=library)
+    assert first.variant["gemm"] == "library" and list(first.build.libraries) == ["cublas"]
     verdict = verify_pb2.Verdict(
         accepted=False, compiled=True, correct=True, reason="D11.torch-op: ATen compute"
     )
     verdict.findings.add(rule="D11.torch-op", severity=verify_pb2.SEVERITY_REJECT, detail="at::addmm(")
-    (cand, *_) = svc.optimize(ref, cpu_plan(), first, verdict)
+    (cand, *_) = svc.optimize(ref, cpu_plan(), first, verdict, policy=library)
     assert cand.variant["gemm"] == "custom" and not cand.failure
     src = next(f.content for f in cand.files if f.path == "forward.cpp")
     assert "at::addmm(" not in src and "stitch_gemm_launch" in src

@@ -68,6 +68,7 @@ class BuildManifest(_message.Message):
     CUDA_CFLAGS_FIELD_NUMBER: _builtins.int
     LDFLAGS_FIELD_NUMBER: _builtins.int
     BACKEND_FIELD_NUMBER: _builtins.int
+    LIBRARIES_FIELD_NUMBER: _builtins.int
     extension_name: _builtins.str
     """Python import name of the built extension; model_new.py imports it."""
     backend: _builtins.str
@@ -82,6 +83,12 @@ class BuildManifest(_message.Message):
     def cuda_cflags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def ldflags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def libraries(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Vendor libraries the sources call for GEMM/convolution ("cublas", "cudnn"); legal only under
+        the "library" kernel policy.
+        """
+
     def __init__(
         self,
         *,
@@ -91,10 +98,11 @@ class BuildManifest(_message.Message):
         cuda_cflags: _abc.Iterable[_builtins.str] | None = ...,
         ldflags: _abc.Iterable[_builtins.str] | None = ...,
         backend: _builtins.str = ...,
+        libraries: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "cflags", b"cflags", "cuda_cflags", b"cuda_cflags", "extension_name", b"extension_name", "ldflags", b"ldflags", "sources", b"sources"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "cflags", b"cflags", "cuda_cflags", b"cuda_cflags", "extension_name", b"extension_name", "ldflags", b"ldflags", "libraries", b"libraries", "sources", b"sources"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -221,6 +229,7 @@ class CoderRequest(_message.Message):
     PREVIOUS_VERDICT_KEY_FIELD_NUMBER: _builtins.int
     SAMPLES_FIELD_NUMBER: _builtins.int
     BACKEND_FIELD_NUMBER: _builtins.int
+    KERNEL_POLICY_FIELD_NUMBER: _builtins.int
     skill: Global___Skill.ValueType
     reference_key: _builtins.str
     plan_key: _builtins.str
@@ -228,6 +237,8 @@ class CoderRequest(_message.Message):
     previous_verdict_key: _builtins.str
     samples: _builtins.int
     backend: _builtins.str
+    kernel_policy: _builtins.str
+    """The job's kernel policy ("" or "strict", or "library"): the Coder never writes a program it rejects."""
     def __init__(
         self,
         *,
@@ -238,10 +249,11 @@ class CoderRequest(_message.Message):
         previous_verdict_key: _builtins.str = ...,
         samples: _builtins.int = ...,
         backend: _builtins.str = ...,
+        kernel_policy: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "plan_key", b"plan_key", "previous_candidate_key", b"previous_candidate_key", "previous_verdict_key", b"previous_verdict_key", "reference_key", b"reference_key", "samples", b"samples", "skill", b"skill"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "kernel_policy", b"kernel_policy", "plan_key", b"plan_key", "previous_candidate_key", b"previous_candidate_key", "previous_verdict_key", b"previous_verdict_key", "reference_key", b"reference_key", "samples", b"samples", "skill", b"skill"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cstitchcuda/api/v1/jobs.proto\x12\x11stitchcuda.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc4\x01\n\nJobOptions\x12\x12\n\nmax_rounds\x18\x01 \x01(\r\x12\x16\n\x0etarget_speedup\x18\x02 \x01(\x01\x12\x19\n\x11stagnation_rounds\x18\x03 \x01(\r\x12\x17\n\x0fmin_improvement\x18\x04 \x01(\x01\x12\x15\n\rcoder_backend\x18\x05 \x01(\t\x12\x0f\n\x07samples\x18\x06 \x01(\r\x12\x13\n\x0bmax_replans\x18\x07 \x01(\r\x12\x19\n\x11timing_iterations\x18\x08 \x01(\r\"\x94\x02\n\x07JobSpec\x12\x14\n\x0cproblem_name\x18\x01 \x01(\t\x12\x18\n\x10reference_source\x18\x02 \x01(\t\x12)\n\x06\x64\x65vice\x18\x03 \x01(\x0e\x32\x19.stitchcuda.api.v1.Device\x12.\n\x07options\x18\x04 \x01(\x0b\x32\x1d.stitchcuda.api.v1.JobOptions\x12\x36\n\x06labels\x18\x05 \x03(\x0b\x32&.stitchcuda.api.v1.JobSpec.LabelsEntry\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x9b\x01\n\x0cRoundSummary\x12\r\n\x05round\x18\x01 \x01(\r\x12\x14\n\x0c\x63\x61ndidate_id\x18\x02 \x01(\t\x12\r\n\x05skill\x18\x03 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\x08\x12\x18\n\x10speedup_vs_eager\x18\x05 \x01(\x01\x12\x1a\n\x12speedup_vs_compile\x18\x06 \x01(\x01\x12\x0f\n\x07summary\x18\x07 \x01(\t\"\xd7\x01\n\tJobStatus\x12*\n\x05state\x18\x01 \x01(\x0e\x32\x1b.stitchcuda.api.v1.JobState\x12\r\n\x05round\x18\x02 \x01(\r\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x1d\n\x15\x62\x65st_speedup_vs_eager\x18\x04 \x01(\x01\x12\x1f\n\x17\x62\x65st_speedup_vs_compile\x18\x05 \x01(\x01\x12\x19\n\x11\x62\x65st_candidate_id\x18\x06 \x01(\t\x12\x0f\n\x07replans\x18\x07 \x01(\r\x12\x12\n\nerror_code\x18\x08 \x01(\t\"\x95\x03\n\x03Job\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x11\n\ttenant_id\x18\x03 \x01(\t\x12(\n\x04spec\x18\x04 \x01(\x0b\x32\x1a.stitchcuda.api.v1.JobSpec\x12,\n\x06status\x18\x05 \x01(\x0b\x32\x1c.stitchcuda.api.v1.JobStatus\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x06rounds\x18\x08 \x03(\x0b\x32\x1f.stitchcuda.api.v1.RoundSummary\x12\x38\n\tartifacts\x18\t \x03(\x0b\x32%.stitchcuda.api.v1.Job.ArtifactsEntry\x1a\x30\n\x0e\x41rtifactsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe2\x02\n\x08JobEvent\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\t\x12&\n\x02\x61t\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\x04kind\x18\x05 \x01(\x0e\x32\x1c.stitchcuda.api.v1.EventKind\x12*\n\x05state\x18\x06 \x01(\x0e\x32\x1b.stitchcuda.api.v1.JobState\x12\r\n\x05stage\x18\x07 \x01(\t\x12\r\n\x05round\x18\x08 \x01(\r\x12\x0f\n\x07message\x18\t \x01(\t\x12\x10\n\x08progress\x18\n \x01(\x01\x12\x33\n\x04\x64\x61ta\x18\x0b \x03(\x0b\x32%.stitchcuda.api.v1.JobEvent.DataEntry\x1a+\n\tDataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*R\n\x06\x44\x65vice\x12\x16\n\x12\x44\x45VICE_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x44\x45VICE_AUTO\x10\x01\x12\x0e\n\nDEVICE_CPU\x10\x02\x12\x0f\n\x0b\x44\x45VICE_CUDA\x10\x03*\xca\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_STATE_QUEUED\x10\x01\x12\x16\n\x12JOB_STATE_PLANNING\x10\x02\x12\x14\n\x10JOB_STATE_CODING\x10\x03\x12\x17\n\x13JOB_STATE_VERIFYING\x10\x04\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x05\x12\x14\n\x10JOB_STATE_FAILED\x10\x06\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x07*\x9a\x01\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10\x45VENT_KIND_STATE\x10\x01\x12\x17\n\x13\x45VENT_KIND_PROGRESS\x10\x02\x12\x12\n\x0e\x45VENT_KIND_LOG\x10\x03\x12\x16\n\x12\x45VENT_KIND_VERDICT\x10\x04\x12\x16\n\x12\x45VENT_KIND_WARNING\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cstitchcuda/api/v1/jobs.proto\x12\x11stitchcuda.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdb\x01\n\nJobOptions\x12\x12\n\nmax_rounds\x18\x01 \x01(\r\x12\x16\n\x0etarget_speedup\x18\x02 \x01(\x01\x12\x19\n\x11stagnation_rounds\x18\x03 \x01(\r\x12\x17\n\x0fmin_improvement\x18\x04 \x01(\x01\x12\x15\n\rcoder_backend\x18\x05 \x01(\t\x12\x0f\n\x07samples\x18\x06 \x01(\r\x12\x13\n\x0bmax_replans\x18\x07 \x01(\r\x12\x19\n\x11timing_iterations\x18\x08 \x01(\r\x12\x15\n\rkernel_policy\x18\t \x01(\t\"\x94\x02\n\x07JobSpec\x12\x14\n\x0cproblem_name\x18\x01 \x01(\t\x12\x18\n\x10reference_source\x18\x02 \x01(\t\x12)\n\x06\x64\x65vice\x18\x03 \x01(\x0e\x32\x19.stitchcuda.api.v1.Device\x12.\n\x07options\x18\x04 \x01(\x0b\x32\x1d.stitchcuda.api.v1.JobOptions\x12\x36\n\x06labels\x18\x05 \x03(\x0b\x32&.stitchcuda.api.v1.JobSpec.LabelsEntry\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x9b\x01\n\x0cRoundSummary\x12\r\n\x05round\x18\x01 \x01(\r\x12\x14\n\x0c\x63\x61ndidate_id\x18\x02 \x01(\t\x12\r\n\x05skill\x18\x03 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\x08\x12\x18\n\x10speedup_vs_eager\x18\x05 \x01(\x01\x12\x1a\n\x12speedup_vs_compile\x18\x06 \x01(\x01\x12\x0f\n\x07summary\x18\x07 \x01(\t\"\xd7\x01\n\tJobStatus\x12*\n\x05state\x18\x01 \x01(\x0e\x32\x1b.stitchcuda.api.v1.JobState\x12\r\n\x05round\x18\x02 \x01(\r\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x1d\n\x15\x62\x65st_speedup_vs_eager\x18\x04 \x01(\x01\x12\x1f\n\x17\x62\x65st_speedup_vs_compile\x18\x05 \x01(\x01\x12\x19\n\x11\x62\x65st_candidate_id\x18\x06 \x01(\t\x12\x0f\n\x07replans\x18\x07 \x01(\r\x12\x12\n\nerror_code\x18\x08 \x01(\t\"\x95\x03\n\x03Job\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x11\n\ttenant_id\x18\x03 \x01(\t\x12(\n\x04spec\x18\x04 \x01(\x0b\x32\x1a.stitchcuda.api.v1.JobSpec\x12,\n\x06status\x18\x05 \x01(\x0b\x32\x1c.stitchcuda.api.v1.JobStatus\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x06rounds\x18\x08 \x03(\x0b\x32\x1f.stitchcuda.api.v1.RoundSummary\x12\x38\n\tartifacts\x18\t \x03(\x0b\x32%.stitchcuda.api.v1.Job.ArtifactsEntry\x1a\x30\n\x0e\x41rtifactsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe2\x02\n\x08JobEvent\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\t\x12&\n\x02\x61t\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\x04kind\x18\x05 \x01(\x0e\x32\x1c.stitchcuda.api.v1.EventKind\x12*\n\x05state\x18\x06 \x01(\x0e\x32\x1b.stitchcuda.api.v1.JobState\x12\r\n\x05stage\x18\x07 \x01(\t\x12\r\n\x05round\x18\x08 \x01(\r\x12\x0f\n\x07message\x18\t \x01(\t\x12\x10\n\x08progress\x18\n \x01(\x01\x12\x33\n\x04\x64\x61ta\x18\x0b \x03(\x0b\x32%.stitchcuda.api.v1.JobEvent.DataEntry\x1a+\n\tDataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*R\n\x06\x44\x65vice\x12\x16\n\x12\x44\x45VICE_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x44\x45VICE_AUTO\x10\x01\x12\x0e\n\nDEVICE_CPU\x10\x02\x12\x0f\n\x0b\x44\x45VICE_CUDA\x10\x03*\xca\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_STATE_QUEUED\x10\x01\x12\x16\n\x12JOB_STATE_PLANNING\x10\x02\x12\x14\n\x10JOB_STATE_CODING\x10\x03\x12\x17\n\x13JOB_STATE_VERIFYING\x10\x04\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x05\x12\x14\n\x10JOB_STATE_FAILED\x10\x06\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x07*\x9a\x01\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10\x45VENT_KIND_STATE\x10\x01\x12\x17\n\x13\x45VENT_KIND_PROGRESS\x10\x02\x12\x12\n\x0e\x45VENT_KIND_LOG\x10\x03\x12\x16\n\x12\x45VENT_KIND_VERDICT\x10\x04\x12\x16\n\x12\x45VENT_KIND_WARNING\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,28 +38,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOB_ARTIFACTSENTRY']._serialized_options = b'8\001'
   _globals['_JOBEVENT_DATAENTRY']._loaded_options = None
   _globals['_JOBEVENT_DATAENTRY']._serialized_options = b'8\001'
-  _globals['_DEVICE']._serialized_start=1703
-  _globals['_DEVICE']._serialized_end=1785
-  _globals['_JOBSTATE']._serialized_start=1788
-  _globals['_JOBSTATE']._serialized_end=1990
-  _globals['_EVENTKIND']._serialized_start=1993
-  _globals['_EVENTKIND']._serialized_end=2147
+  _globals['_DEVICE']._serialized_start=1726
+  _globals['_DEVICE']._serialized_end=1808
+  _globals['_JOBSTATE']._serialized_start=1811
+  _globals['_JOBSTATE']._serialized_end=2013
+  _globals['_EVENTKIND']._serialized_start=2016
+  _globals['_EVENTKIND']._serialized_end=2170
   _globals['_JOBOPTIONS']._serialized_start=85
-  _globals['_JOBOPTIONS']._serialized_end=281
-  _globals['_JOBSPEC']._serialized_start=284
-  _globals['_JOBSPEC']._serialized_end=560
-  _globals['_JOBSPEC_LABELSENTRY']._serialized_start=515
-  _globals['_JOBSPEC_LABELSENTRY']._serialized_end=560
-  _globals['_ROUNDSUMMARY']._serialized_start=563
-  _globals['_ROUNDSUMMARY']._serialized_end=718
-  _globals['_JOBSTATUS']._serialized_start=721
-  _globals['_JOBSTATUS']._serialized_end=936
-  _globals['_JOB']._serialized_start=939
-  _globals['_JOB']._serialized_end=1344
-  _globals['_JOB_ARTIFACTSENTRY']._serialized_start=1296
-  _globals['_JOB_ARTIFACTSENTRY']._serialized_end=1344
-  _globals['_JOBEVENT']._serialized_start=1347
-  _globals['_JOBEVENT']._serialized_end=1701
-  _globals['_JOBEVENT_DATAENTRY']._serialized_start=1658
-  _globals['_JOBEVENT_DATAENTRY']._serialized_end=1701
+  _globals['_JOBOPTIONS']._serialized_end=304
+  _globals['_JOBSPEC']._serialized_start=307
+  _globals['_JOBSPEC']._serialized_end=583
+  _globals['_JOBSPEC_LABELSENTRY']._serialized_start=538
+  _globals['_JOBSPEC_LABELSENTRY']._serialized_end=583
+  _globals['_ROUNDSUMMARY']._serialized_start=586
+  _globals['_ROUNDSUMMARY']._serialized_end=741
+  _globals['_JOBSTATUS']._serialized_start=744
+  _globals['_JOBSTATUS']._serialized_end=959
+  _globals['_JOB']._serialized_start=962
+  _globals['_JOB']._serialized_end=1367
+  _globals['_JOB_ARTIFACTSENTRY']._serialized_start=1319
+  _globals['_JOB_ARTIFACTSENTRY']._serialized_end=1367
+  _globals['_JOBEVENT']._serialized_start=1370
+  _globals['_JOBEVENT']._serialized_end=1724
+  _globals['_JOBEVENT_DATAENTRY']._serialized_start=1681
+  _globals['_JOBEVENT_DATAENTRY']._serialized_end=1724
 # @@protoc_insertion_point(module_scope)

@@ -101,6 +101,7 @@ class JobOptions(_message.Message):
     SAMPLES_FIELD_NUMBER: _builtins.int
     MAX_REPLANS_FIELD_NUMBER: _builtins.int
     TIMING_ITERATIONS_FIELD_NUMBER: _builtins.int
+    KERNEL_POLICY_FIELD_NUMBER: _builtins.int
     max_rounds: _builtins.int
     """Optimize rounds after the first generate round (0 = generate only)."""
     target_speedup: _builtins.float
@@ -116,6 +117,8 @@ class JobOptions(_message.Message):
     """Replans allowed when every candidate of a round fails to build or verify."""
     timing_iterations: _builtins.int
     """Verifier timing iterations (0 = the verifier's default)."""
+    kernel_policy: _builtins.str
+    """The kernel policy both Coder and Verifier follow: "" or "strict" (default), or "library"."""
     def __init__(
         self,
         *,
@@ -127,10 +130,11 @@ class JobOptions(_message.Message):
         samples: _builtins.int = ...,
         max_replans: _builtins.int = ...,
         timing_iterations: _builtins.int = ...,
+        kernel_policy: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["coder_backend", b"coder_backend", "max_replans", b"max_replans", "max_rounds", b"max_rounds", "min_improvement", b"min_improvement", "samples", b"samples", "stagnation_rounds", b"stagnation_rounds", "target_speedup", b"target_speedup", "timing_iterations", b"timing_iterations"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["coder_backend", b"coder_backend", "kernel_policy", b"kernel_policy", "max_replans", b"max_replans", "max_rounds", b"max_rounds", "min_improvement", b"min_improvement", "samples", b"samples", "stagnation_rounds", b"stagnation_rounds", "target_speedup", b"target_speedup", "timing_iterations", b"timing_iterations"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

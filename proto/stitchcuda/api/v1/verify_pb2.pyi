@@ -52,6 +52,7 @@ class VerifyPolicy(_message.Message):
     ALLOWED_RULES_FIELD_NUMBER: _builtins.int
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
     ALLOWED_PRECISION_FIELD_NUMBER: _builtins.int
+    KERNEL_POLICY_FIELD_NUMBER: _builtins.int
     correctness_trials: _builtins.int
     timing_iterations: _builtins.int
     warmup_iterations: _builtins.int
@@ -63,6 +64,10 @@ class VerifyPolicy(_message.Message):
     timeout_s: _builtins.float
     allowed_precision: _builtins.str
     """Tolerance for reduced precision where the problem declares it ("" = the problem's dtype)."""
+    kernel_policy: _builtins.str
+    """The kernel policy (stitchcuda.shared.policy): "" or "strict" = GEMM/convolution must be the
+    candidate's own kernels; "library" = declared cuBLAS/cuDNN calls for them are accepted.
+    """
     @_builtins.property
     def allowed_rules(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Rules downgraded from REJECT to WARNING (e.g. "torch-op-in-forward")."""
@@ -79,10 +84,11 @@ class VerifyPolicy(_message.Message):
         allowed_rules: _abc.Iterable[_builtins.str] | None = ...,
         timeout_s: _builtins.float = ...,
         allowed_precision: _builtins.str = ...,
+        kernel_policy: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_precision", b"allowed_precision", "allowed_rules", b"allowed_rules", "compile_baseline", b"compile_baseline", "correctness_trials", b"correctness_trials", "min_custom_share", b"min_custom_share", "review_speedup", b"review_speedup", "timeout_s", b"timeout_s", "timing_iterations", b"timing_iterations", "warmup_iterations", b"warmup_iterations"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed_precision", b"allowed_precision", "allowed_rules", b"allowed_rules", "compile_baseline", b"compile_baseline", "correctness_trials", b"correctness_trials", "kernel_policy", b"kernel_policy", "min_custom_share", b"min_custom_share", "review_speedup", b"review_speedup", "timeout_s", b"timeout_s", "timing_iterations", b"timing_iterations", "warmup_iterations", b"warmup_iterations"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -458,6 +464,26 @@ Global___Environment: _TypeAlias = Environment  # noqa: Y015
 class Verdict(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class StageSecondsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
     CANDIDATE_ID_FIELD_NUMBER: _builtins.int
     ACCEPTED_FIELD_NUMBER: _builtins.int
@@ -477,6 +503,9 @@ class Verdict(_message.Message):
     DEVICE_FIELD_NUMBER: _builtins.int
     SECONDS_FIELD_NUMBER: _builtins.int
     DOCS_FIELD_NUMBER: _builtins.int
+    KERNEL_POLICY_FIELD_NUMBER: _builtins.int
+    STAGE_SECONDS_FIELD_NUMBER: _builtins.int
+    HARNESS_FAILURE_FIELD_NUMBER: _builtins.int
     schema_version: _builtins.int
     candidate_id: _builtins.str
     accepted: _builtins.bool
@@ -491,6 +520,10 @@ class Verdict(_message.Message):
     """One line: why it was rejected, or "accepted"."""
     device: _jobs_pb2.Device.ValueType
     seconds: _builtins.float
+    kernel_policy: _builtins.str
+    """The kernel policy the verdict was given under ("strict" or "library")."""
+    harness_failure: _builtins.str
+    """Set when the reference or the harness failed (not the candidate): the job must end or retry."""
     @_builtins.property
     def build(self) -> Global___BuildResult: ...
     @_builtins.property
@@ -506,6 +539,10 @@ class Verdict(_message.Message):
     @_builtins.property
     def docs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Retrieved documentation snippets for the next optimize round."""
+
+    @_builtins.property
+    def stage_seconds(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Where the time of one verification went (seconds per stage: build, reference, candidate, ...)."""
 
     def __init__(
         self,
@@ -529,10 +566,13 @@ class Verdict(_message.Message):
         device: _jobs_pb2.Device.ValueType = ...,
         seconds: _builtins.float = ...,
         docs: _abc.Iterable[_builtins.str] | None = ...,
+        kernel_policy: _builtins.str = ...,
+        stage_seconds: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        harness_failure: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["build", b"build", "correctness", b"correctness", "environment", b"environment", "profile", b"profile", "timing", b"timing"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "build", b"build", "candidate_id", b"candidate_id", "compiled", b"compiled", "correct", b"correct", "correctness", b"correctness", "custom_kernel_share", b"custom_kernel_share", "device", b"device", "docs", b"docs", "environment", b"environment", "feedback", b"feedback", "findings", b"findings", "profile", b"profile", "reason", b"reason", "schema_version", b"schema_version", "seconds", b"seconds", "speedup_vs_compile", b"speedup_vs_compile", "speedup_vs_eager", b"speedup_vs_eager", "timing", b"timing"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "build", b"build", "candidate_id", b"candidate_id", "compiled", b"compiled", "correct", b"correct", "correctness", b"correctness", "custom_kernel_share", b"custom_kernel_share", "device", b"device", "docs", b"docs", "environment", b"environment", "feedback", b"feedback", "findings", b"findings", "harness_failure", b"harness_failure", "kernel_policy", b"kernel_policy", "profile", b"profile", "reason", b"reason", "schema_version", b"schema_version", "seconds", b"seconds", "speedup_vs_compile", b"speedup_vs_compile", "speedup_vs_eager", b"speedup_vs_eager", "stage_seconds", b"stage_seconds", "timing", b"timing"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
