@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import sys
 import tempfile
@@ -13,7 +12,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 app = typer.Typer(
     name="stitchcuda",
@@ -243,87 +241,38 @@ def plan(
 
 @app.command()
 def bench(
-    suite: Annotated[Path, typer.Argument(metavar="SUITE", help="A folder of problems (or one problem).")],
-    device: Annotated[DeviceChoice, typer.Option()] = DeviceChoice.auto,
-    rounds: Annotated[int, typer.Option(min=0)] = 1,
-    out: Annotated[Path | None, typer.Option(help="Write results JSON here.")] = None,
-    pattern: Annotated[str, typer.Option(help="Glob of problem files.")] = "*.py",
-) -> None:
-    """Optimize every problem of SUITE and print speedups vs eager and torch.compile with their geomean."""
-    from stitchcuda.api.v1 import jobs_pb2
-    from stitchcuda.embedded import EmbeddedPlatform
-    from stitchcuda.shared import devices, problem
-    from stitchcuda.shared.errors import ProblemError
-    from stitchcuda.shared.report import vs_compile
-
-    files = sorted(suite.glob(pattern)) if suite.is_dir() else [suite]
-    if not files:
-        raise _fail(f"{suite}: no problems matching {pattern}")
-    resolved = _resolve_device(device)
-    rows: list[dict[str, Any]] = []
-    platform = EmbeddedPlatform()
-    for path in files:
-        try:
-            prob = problem.load(path)
-        except ProblemError as exc:
-            rows.append({"problem": path.stem, "verified": False, "reason": str(exc)})
-            continue
-        console.print(f"[bold]{prob.name}[/] …")
-        spec = jobs_pb2.JobSpec(
-            problem_name=prob.name,
-            reference_source=prob.source,
-            device=devices.to_proto(resolved),
-            options=jobs_pb2.JobOptions(max_rounds=rounds, stagnation_rounds=2, coder_backend="builtin"),
-        )
-        try:
-            job = platform.run(spec)
-        except ProblemError as exc:
-            rows.append({"problem": prob.name, "verified": False, "reason": str(exc)})
-            continue
-        ok = job.status.state == jobs_pb2.JOB_STATE_SUCCEEDED
-        rows.append(
-            {
-                "problem": prob.name,
-                "verified": ok,
-                "speedup_vs_eager": job.status.best_speedup_vs_eager if ok else None,
-                "speedup_vs_compile": job.status.best_speedup_vs_compile if ok else None,
-                "reason": job.status.message.splitlines()[0] if job.status.message else "",
-            }
-        )
-    table = Table(title=f"StitchCUDA bench on {resolved}")
-    for col in ("problem", "verified", "vs eager", "vs compile", "reason"):
-        table.add_column(col)
-    for row in rows:
-        table.add_row(
-            row["problem"],
-            "yes" if row["verified"] else "no",
-            f"{row['speedup_vs_eager']:.2f}x" if row.get("speedup_vs_eager") else "-",
-            f"{row['speedup_vs_compile']:.2f}x" if row.get("speedup_vs_compile") else "-",
-            row["reason"][:60],
-        )
-    summary = {
-        "device": resolved,
-        "verified": sum(r["verified"] for r in rows),
-        "problems": len(rows),
-        "geomean_vs_eager": _geomean([r["speedup_vs_eager"] for r in rows if r.get("speedup_vs_eager")]),
-        "geomean_vs_compile": _geomean(
-            [r["speedup_vs_compile"] for r in rows if r.get("speedup_vs_compile")]
+    suite: Annotated[
+        Path, typer.Argument(metavar="DIR", help="A folder of problems (KernelBench: levelN/*.py).")
+    ],
+    device: Annotated[DeviceChoice, typer.Option(help="Where candidates run.")] = DeviceChoice.auto,
+    rounds: Annotated[int, typer.Option(min=0, max=50, help="Optimize rounds after the first.")] = 1,
+    policy: Annotated[PolicyChoice, typer.Option(help=POLICY_HELP)] = PolicyChoice.strict,
+    out: Annotated[Path | None, typer.Option(help="Result folder (default: bench-out/<DIR name>).")] = None,
+    pattern: Annotated[str, typer.Option(help="Glob of problem files under DIR.")] = "**/*.py",
+    limit: Annotated[int, typer.Option(min=0, help="Only the first N problems (0 = all).")] = 0,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            min=1, max=64, help="Problems in flight (builds in parallel; GPU timing one at a time)."
         ),
-    }
-    Console().print(table)
-    Console().print(
-        f"verified {summary['verified']}/{summary['problems']}; "
-        f"geomean {summary['geomean_vs_eager']:.2f}x vs eager, "
-        f"{vs_compile(summary['geomean_vs_compile'])}"
+    ] = 1,
+    fresh: Annotated[bool, typer.Option(help="Ignore the results of previous runs.")] = False,
+) -> None:
+    """Run the optimize loop on every problem of DIR (resumable); write results.json and report.html."""
+    from stitchcuda.bench import BenchSettings, discover, run_bench
+    from stitchcuda.shared.errors import InvalidRequest
+
+    try:
+        tasks = discover(suite, pattern, limit)
+    except InvalidRequest as exc:
+        raise _fail(str(exc)) from None
+    resolved = _resolve_device(device)
+    name = suite.resolve().name if suite.is_dir() else suite.stem
+    settings = BenchSettings(device=resolved, rounds=rounds, policy=policy.value)
+    code = run_bench(
+        tasks, settings, out or Path("bench-out") / name, suite=name, jobs=jobs, fresh=fresh, console=console
     )
-    if out:
-        out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
-    raise typer.Exit(EXIT_OK if summary["verified"] == summary["problems"] else EXIT_REJECTED)
-
-
-def _geomean(values: list[float]) -> float:
-    values = [v for v in values if v and v > 0]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 0.0
+    raise typer.Exit(code)
 
 
 @app.command()
