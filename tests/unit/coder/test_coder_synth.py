@@ -15,6 +15,7 @@ from stitchcuda.api.v1 import code_pb2
 from stitchcuda.coder.synth.synthesizer import Synthesizer, to_candidate
 from stitchcuda.coder.synth.variants import Variant
 from stitchcuda.shared.candidate import validate
+from stitchcuda.shared.policy import LIBRARY, KernelPolicy
 
 PROBLEMS = Path(__file__).resolve().parents[3] / "benchmarks" / "problems"
 SUITE = sorted(p.stem for p in PROBLEMS.glob("[0-9]*.py"))
@@ -183,7 +184,11 @@ def test_int_attributes_read_as_constants_are_guarded_in_the_constructor(synth: 
 
 def test_lstm_runs_a_custom_cell_kernel_between_library_gemms(synth: Synthesizer) -> None:
     for device, marker in (("cpu", "lstm_cell_launch"), ("cuda", "lstm_cell_kernel<<<")):
-        cand = to_candidate(synth.synthesize(source("14_lstm"), None, variant=Variant(), device=device))
+        cand = to_candidate(
+            synth.synthesize(
+                source("14_lstm"), None, variant=Variant(), device=device, policy=KernelPolicy(LIBRARY)
+            )
+        )
         text = next(f.content for f in cand.files if f.path.startswith("forward"))
         assert marker in text and "at::addmm" in text and "at::mm(h, w_hh.t())" in text
 
@@ -288,8 +293,11 @@ def test_custom_variant_replaces_every_library_call(synth: Synthesizer, name: st
     library = re.compile(
         r"\bat::(mm|addmm|bmm|baddbmm|matmul|conv[123]d|einsum|scaled_dot_product_attention)\s*\("
     )
-    default = to_candidate(synth.synthesize(source(name), None, variant=Variant(), device=device))
-    custom = to_candidate(synth.synthesize(source(name), None, variant=Variant(gemm="custom"), device=device))
+    # The library policy keeps the cuBLAS/cuDNN calls; the strict default replaces every one of them.
+    default = to_candidate(
+        synth.synthesize(source(name), None, variant=Variant(), device=device, policy=KernelPolicy(LIBRARY))
+    )
+    custom = to_candidate(synth.synthesize(source(name), None, variant=Variant(), device=device))
     default_src = next(f.content for f in default.files if f.path.startswith("forward"))
     custom_src = next(f.content for f in custom.files if f.path.startswith("forward"))
     assert library.search(default_src)
