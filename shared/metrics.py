@@ -76,6 +76,12 @@ class MetricSpec:
     help: str
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] = ()
+    # Labels whose values form a closed set, with that set: any other value is refused when emitted,
+    # and a dashboard or alert matching a value outside it is a panel that stays empty (tests check).
+    values: tuple[tuple[str, frozenset[str]], ...] = ()
+
+    def closed_values(self) -> dict[str, frozenset[str]]:
+        return dict(self.values)
 
     def series(self) -> frozenset[str]:
         """The sample names this family puts in the exposition (what PromQL can select)."""
@@ -87,6 +93,10 @@ class MetricSpec:
         return frozenset({self.name})
 
 
+DEVICES = frozenset({"cpu", "cuda", "unspecified"})
+STATES = frozenset({"succeeded", "failed", "cancelled"})
+TASK_OUTCOMES = frozenset({"ok", "retry", "failed", "dropped", "duplicate", "malformed"})
+
 JOBS_SUBMITTED_SPEC = MetricSpec(
     "stitch_jobs_submitted_total", "counter", "Jobs accepted by the gateway.", ("tenant",)
 )
@@ -95,15 +105,37 @@ JOBS_FINISHED_SPEC = MetricSpec(
     "counter",
     "Jobs that reached a final state (succeeded, failed, cancelled).",
     ("tenant", "state"),
+    values=(("state", STATES),),
+)
+JOB_SPEEDUP_EAGER_SPEC = MetricSpec(
+    "stitch_job_speedup_vs_eager",
+    "histogram",
+    "Best speedup over eager PyTorch of each succeeded job.",
+    ("device",),
+    SPEEDUP_BUCKETS,
+    values=(("device", DEVICES),),
+)
+JOB_SPEEDUP_COMPILE_SPEC = MetricSpec(
+    "stitch_job_speedup_vs_compile",
+    "histogram",
+    "Speedup over torch.compile of each succeeded job's best program (where torch.compile was timed).",
+    ("device",),
+    SPEEDUP_BUCKETS,
+    values=(("device", DEVICES),),
 )
 CANDIDATES_SPEC = MetricSpec(
-    "stitch_candidates_total", "counter", "Candidates written by the Coder.", ("skill", "backend")
+    "stitch_candidates_total",
+    "counter",
+    "Candidates written by the Coder.",
+    ("skill", "backend"),
+    values=(("skill", frozenset({"generate", "optimize"})),),
 )
 VERDICTS_SPEC = MetricSpec(
     "stitch_verdicts_total",
     "counter",
     "Verdicts by device, acceptance and the rule that decided a rejection.",
     ("device", "accepted", "reason_rule"),
+    values=(("device", DEVICES), ("accepted", frozenset({"true", "false"}))),
 )
 SPEEDUP_EAGER_SPEC = MetricSpec(
     "stitch_speedup_vs_eager",
@@ -111,6 +143,7 @@ SPEEDUP_EAGER_SPEC = MetricSpec(
     "Speedup of accepted candidates over eager PyTorch.",
     ("device",),
     SPEEDUP_BUCKETS,
+    values=(("device", DEVICES),),
 )
 SPEEDUP_COMPILE_SPEC = MetricSpec(
     "stitch_speedup_vs_compile",
@@ -118,24 +151,39 @@ SPEEDUP_COMPILE_SPEC = MetricSpec(
     "Speedup of accepted candidates over torch.compile (where it was available).",
     ("device",),
     SPEEDUP_BUCKETS,
+    values=(("device", DEVICES),),
 )
 STAGE_SECONDS_SPEC = MetricSpec(
-    "stitch_stage_seconds", "histogram", "Wall time spent in one pipeline stage.", ("stage",), STAGE_BUCKETS
+    "stitch_stage_seconds",
+    "histogram",
+    "Wall time spent in one pipeline stage.",
+    ("stage",),
+    STAGE_BUCKETS,
+    values=(("stage", STAGES),),
 )
 BUILD_CACHE_SPEC = MetricSpec(
     "stitch_build_cache_total",
     "counter",
     "Candidate builds served from the build cache or compiled.",
     ("result",),
+    values=(("result", frozenset({"hit", "miss"})),),
 )
 QUEUE_DEPTH_SPEC = MetricSpec(
     "stitch_queue_depth", "gauge", "Messages waiting in a Celery queue (Redis LLEN).", ("queue",)
 )
 TASKS_SPEC = MetricSpec(
-    "stitch_tasks_total", "counter", "Queue tasks handled, by outcome.", ("queue", "outcome")
+    "stitch_tasks_total",
+    "counter",
+    "Queue tasks handled, by outcome.",
+    ("queue", "outcome"),
+    values=(("outcome", TASK_OUTCOMES),),
 )
 LLM_TOKENS_SPEC = MetricSpec(
-    "stitch_llm_tokens_total", "counter", "Tokens used on the LLM endpoint.", ("kind",)
+    "stitch_llm_tokens_total",
+    "counter",
+    "Tokens used on the LLM endpoint.",
+    ("kind",),
+    values=(("kind", frozenset({"prompt", "completion"})),),
 )
 GPU_SECONDS_SPEC = MetricSpec(
     "stitch_gpu_seconds_total", "counter", "GPU-seconds spent verifying, charged to a tenant.", ("tenant",)
@@ -145,6 +193,7 @@ REQUESTS_SPEC = MetricSpec(
     "counter",
     "Gateway requests by transport (http, grpc), method and status code.",
     ("transport", "method", "code"),
+    values=(("transport", frozenset({"http", "grpc"})),),
 )
 REQUEST_SECONDS_SPEC = MetricSpec(
     "stitch_request_seconds",
@@ -152,11 +201,14 @@ REQUEST_SECONDS_SPEC = MetricSpec(
     "Gateway request latency.",
     ("transport", "method"),
     REQUEST_BUCKETS,
+    values=(("transport", frozenset({"http", "grpc"})),),
 )
 
 SPECS: tuple[MetricSpec, ...] = (
     JOBS_SUBMITTED_SPEC,
     JOBS_FINISHED_SPEC,
+    JOB_SPEEDUP_EAGER_SPEC,
+    JOB_SPEEDUP_COMPILE_SPEC,
     CANDIDATES_SPEC,
     VERDICTS_SPEC,
     SPEEDUP_EAGER_SPEC,
@@ -180,7 +232,11 @@ def exposed_series() -> frozenset[str]:
 def _check_labels(spec: MetricSpec, labels: dict[str, str]) -> dict[str, str]:
     if set(labels) != set(spec.labels):
         raise ValueError(f"{spec.name} takes labels {sorted(spec.labels)}, got {sorted(labels)}")
-    return {k: str(v) for k, v in labels.items()}
+    values = {k: str(v) for k, v in labels.items()}
+    for label, allowed in spec.values:
+        if values[label] not in allowed:
+            raise ValueError(f"{spec.name}{{{label}}} is one of {sorted(allowed)}, got {values[label]!r}")
+    return values
 
 
 class Counter:
@@ -221,6 +277,8 @@ class Histogram:
 
 JOBS_SUBMITTED = Counter(JOBS_SUBMITTED_SPEC)
 JOBS_FINISHED = Counter(JOBS_FINISHED_SPEC)
+JOB_SPEEDUP_VS_EAGER = Histogram(JOB_SPEEDUP_EAGER_SPEC)
+JOB_SPEEDUP_VS_COMPILE = Histogram(JOB_SPEEDUP_COMPILE_SPEC)
 CANDIDATES = Counter(CANDIDATES_SPEC)
 VERDICTS = Counter(VERDICTS_SPEC)
 SPEEDUP_VS_EAGER = Histogram(SPEEDUP_EAGER_SPEC)
@@ -291,17 +349,58 @@ def record_verdict(verdict: verify_pb2.Verdict, device: int | str | None = None)
         SPEEDUP_VS_COMPILE.observe(verdict.speedup_vs_compile, device=label)
 
 
-def record_build(*, cached: bool) -> None:
+def record_verdict_stages(verdict: verify_pb2.Verdict) -> None:
+    """The verification's own stages (correctness, timing, profile from the verdict, the whole verify)."""
+    for stage, seconds in verdict.stage_seconds.items():
+        if stage in STAGES and seconds >= 0:
+            STAGE_SECONDS.observe(seconds, stage=stage)
+    if verdict.seconds > 0:
+        STAGE_SECONDS.observe(verdict.seconds, stage="verify")
+
+
+def record_build(*, cached: bool, seconds: float | None = None) -> None:
+    """Counts a build as a cache hit or miss; `seconds` (its wall time) goes to the build stage."""
     BUILD_CACHE.inc(result="hit" if cached else "miss")
+    if seconds is not None and seconds >= 0:
+        STAGE_SECONDS.observe(seconds, stage="build")
 
 
-def record_llm_usage(*, prompt_tokens: int, completion_tokens: int) -> None:
-    LLM_TOKENS.inc(prompt_tokens, kind="prompt")
-    LLM_TOKENS.inc(completion_tokens, kind="completion")
+def record_build_result(build: verify_pb2.BuildResult) -> None:
+    """A build the verifier attempted (a result with no cache key and no error was never attempted)."""
+    if build.cache_key or build.error or build.ok:
+        record_build(cached=build.cached, seconds=build.seconds)
 
 
-def record_job_finished(tenant: str, state: int) -> None:
-    JOBS_FINISHED.inc(tenant=tenant, state=state_label(state))
+def record_llm_usage(*, prompt_tokens: int, completion_tokens: int, seconds: float | None = None) -> None:
+    """Tokens of one LLM response and, with `seconds`, how long the endpoint took to give it."""
+    LLM_TOKENS.inc(max(prompt_tokens, 0), kind="prompt")
+    LLM_TOKENS.inc(max(completion_tokens, 0), kind="completion")
+    if seconds is not None and seconds >= 0:
+        STAGE_SECONDS.observe(seconds, stage="llm")
+
+
+def record_candidates(*, skill: str, backend: str, count: int) -> None:
+    if count > 0:
+        CANDIDATES.inc(count, skill=skill, backend=backend)
+
+
+def record_job_finished(job: jobs_pb2.Job, *, now: float | None = None) -> None:
+    """A job that just reached a final state: its outcome, its wall time and, if it succeeded, the best
+    program's speedups. Call once, where the state changes."""
+    state = _STATE_LABELS.get(job.status.state)
+    if state is None:
+        raise ValueError(f"job {job.job_id} is not in a final state ({job.status.state})")
+    JOBS_FINISHED.inc(tenant=job.tenant_id, state=state)
+    if job.HasField("created_at"):
+        finished = time.time() if now is None else now
+        STAGE_SECONDS.observe(max(0.0, finished - job.created_at.ToNanoseconds() / 1e9), stage="job")
+    if job.status.state != jobs_pb2.JOB_STATE_SUCCEEDED:
+        return
+    device = device_label(job.spec.device)
+    if job.status.best_speedup_vs_eager > 0:
+        JOB_SPEEDUP_VS_EAGER.observe(job.status.best_speedup_vs_eager, device=device)
+    if job.status.best_speedup_vs_compile > 0:
+        JOB_SPEEDUP_VS_COMPILE.observe(job.status.best_speedup_vs_compile, device=device)
 
 
 class RedisLike(Protocol):
@@ -373,10 +472,28 @@ def unregister_collector(collector: Any) -> None:
     _extra_collectors[:] = [c for c in _extra_collectors if c is not collector]
 
 
+def _use_multiprocess_values() -> None:
+    """Makes metric values from now on live in PROMETHEUS_MULTIPROC_DIR's files.
+
+    prometheus_client picks its value class when it is first imported. A worker sets the variable in
+    its entry point, after imports that may already have loaded the client (the workflow, the stores);
+    the label children our metrics create later, in the pool processes, must still write to the files
+    the parent's /metrics reads, or every sample of a prefork worker is lost.
+    """
+    multiproc_dir = os.environ.get(MULTIPROC_ENV)
+    if _prom is None or not multiproc_dir:
+        return
+    os.makedirs(multiproc_dir, exist_ok=True)
+    values = importlib.import_module("prometheus_client.values")
+    if not getattr(getattr(values, "ValueClass", None), "_multiprocess", False):
+        setattr(values, "ValueClass", values.get_value_class())  # noqa: B010 (a module attribute, by name)
+
+
 def _serving_registry() -> Any:
     global _extras_on_default
     assert _prom is not None
     if os.environ.get(MULTIPROC_ENV):
+        _use_multiprocess_values()
         from prometheus_client import multiprocess
 
         registry = _prom.CollectorRegistry()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from stitchcuda.api.v1 import code_pb2, jobs_pb2, messages_pb2, plan_pb2, verify_pb2
-from stitchcuda.shared import pipeline, report
+from stitchcuda.shared import metrics, pipeline, report
 from stitchcuda.shared import policy as kernel_policy
 from stitchcuda.shared.artifacts import ArtifactStore, Keys
 from stitchcuda.shared.candidate import export_standalone
@@ -150,6 +150,7 @@ class Workflow:
                 current.status.state = jobs_pb2.JOB_STATE_FAILED
                 current.status.message = f"the submission did not complete: {exc}; submit again"
                 self.jobs.put(current)
+                metrics.record_job_finished(current)
                 self._event(current, jobs_pb2.EVENT_KIND_STATE, current.status.message, stage="failed")
         except StitchError as error:
             log.warning("could not fail the unsent job %s: %s", job.job_id, error)
@@ -218,6 +219,9 @@ class Workflow:
         job = self.jobs.get(env.job_id)
         key = Keys.verdict(job.tenant_id, job.job_id, env.round, index)
         self.artifacts.put(key, verdict.SerializeToString())
+        metrics.record_verdict(verdict, verdict.device or job.spec.device)
+        metrics.record_verdict_stages(verdict)
+        metrics.record_build_result(verdict.build)
         data = {
             "accepted": str(verdict.accepted).lower(),
             "speedup_vs_eager": f"{verdict.speedup_vs_eager:.4f}",
@@ -306,6 +310,8 @@ class Workflow:
             event = self._enter_phase(job, state)
             self.jobs.put(job)
             self.jobs.append_event(event)
+            if job.status.state in TERMINAL_STATES:
+                metrics.record_job_finished(job)
 
     def _enter_phase(self, job: jobs_pb2.Job, state: pipeline.LoopState) -> jobs_pb2.JobEvent:
         """Moves the job's status to the loop phase's state; returns the state event that says so."""

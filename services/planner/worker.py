@@ -6,6 +6,7 @@ import logging
 
 from stitchcuda.api.v1 import jobs_pb2, messages_pb2
 from stitchcuda.planner.service import PlannerService
+from stitchcuda.shared import metrics
 from stitchcuda.shared.artifacts import ArtifactStore
 from stitchcuda.shared.errors import StitchError, Unavailable
 from stitchcuda.shared.worker import BaseWorker, device_name
@@ -25,9 +26,12 @@ class PlannerWorker(BaseWorker):
         source = self.load_reference(env.plan_request.reference_key)
         self.workflow.progress(env, self.stage, 0.0, "analysing the reference")
         try:
-            plan = self.service.plan(
-                source, problem_name=job.spec.problem_name or "problem", device=device_name(job.spec.device)
-            )
+            with metrics.observe_stage("plan"):
+                plan = self.service.plan(
+                    source,
+                    problem_name=job.spec.problem_name or "problem",
+                    device=device_name(job.spec.device),
+                )
         except Unavailable:
             raise  # transient: let the transport redeliver
         except StitchError as exc:

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from stitchcuda.shared import metrics
 from stitchcuda.shared.errors import Unavailable
 
 
@@ -199,6 +200,7 @@ class OpenAIClient:
                 "json_schema": {"name": "candidate", "schema": json_schema, "strict": False},
             }
         attempt = 0
+        started = time.perf_counter()
         while True:
             try:
                 response = client.chat.completions.create(**params)
@@ -226,6 +228,9 @@ class OpenAIClient:
         usage = getattr(response, "usage", None)
         prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
         completion = int(getattr(usage, "completion_tokens", 0) or 0)
+        metrics.record_llm_usage(
+            prompt_tokens=prompt, completion_tokens=completion, seconds=time.perf_counter() - started
+        )
         choices = list(response.choices or [])
         out = []
         for i, choice in enumerate(choices):

@@ -137,8 +137,21 @@ def test_small_recorders() -> None:
     metrics.record_llm_usage(prompt_tokens=120, completion_tokens=30)
     assert sample("stitch_llm_tokens_total", kind="prompt") == prompt + 120
     done = sample("stitch_jobs_finished_total", tenant="t-fin", state="succeeded")
-    metrics.record_job_finished("t-fin", jobs_pb2.JOB_STATE_SUCCEEDED)
+    fast = sample("stitch_job_speedup_vs_eager_count", device="cuda")
+    job = jobs_pb2.Job(job_id="j", tenant_id="t-fin", spec=jobs_pb2.JobSpec(device=jobs_pb2.DEVICE_CUDA))
+    job.status.state = jobs_pb2.JOB_STATE_SUCCEEDED
+    job.status.best_speedup_vs_eager = 2.5
+    metrics.record_job_finished(job)
     assert sample("stitch_jobs_finished_total", tenant="t-fin", state="succeeded") == done + 1
+    assert sample("stitch_job_speedup_vs_eager_count", device="cuda") == fast + 1
+    job.status.state = jobs_pb2.JOB_STATE_CODING
+    with pytest.raises(ValueError, match="not in a final state"):
+        metrics.record_job_finished(job)
+
+
+def test_a_label_outside_its_closed_set_is_refused() -> None:
+    with pytest.raises(ValueError, match="stitch_jobs_finished_total"):
+        metrics.JOBS_FINISHED.inc(tenant="t", state="exploded")
 
 
 class FakeRedis:

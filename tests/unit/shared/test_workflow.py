@@ -103,6 +103,26 @@ def test_job_runs_all_rounds_and_keeps_the_best():
     assert "0.90x" in h.artifacts.get(job.artifacts["report.html"]).decode()  # vs torch.compile
 
 
+def test_a_job_emits_its_metrics_where_its_state_changes():
+    from prometheus_client import REGISTRY
+
+    def sample(name, **labels):
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    finished = sample("stitch_jobs_finished_total", tenant="acme", state="succeeded")
+    accepted = sample("stitch_verdicts_total", device="cpu", accepted="true", reason_rule="accepted")
+    jobs_timed = sample("stitch_stage_seconds_count", stage="job")
+    best = sample("stitch_job_speedup_vs_eager_count", device="cpu")
+    job = Harness([1.2, 1.8]).run(rounds=1)
+    assert job.status.state == jobs_pb2.JOB_STATE_SUCCEEDED
+    assert sample("stitch_jobs_finished_total", tenant="acme", state="succeeded") == finished + 1
+    assert (
+        sample("stitch_verdicts_total", device="cpu", accepted="true", reason_rule="accepted") == accepted + 2
+    )
+    assert sample("stitch_stage_seconds_count", stage="job") == jobs_timed + 1
+    assert sample("stitch_job_speedup_vs_eager_count", device="cpu") == best + 1
+
+
 def test_speedups_that_were_not_measured_read_as_such():
     assert report.vs_compile(0.0) == "torch.compile not timed" and report.speedup_text(0.0) == "n/a"
     assert report.vs_compile(1.234) == "1.23x vs torch.compile"
