@@ -27,6 +27,17 @@ class ProblemError(InvalidRequest):
     code = "invalid_problem"
 
 
+class HarnessError(StitchError):
+    """The verification harness could not do its own part (the reference ran out of memory or time, the
+    machine is too small for the problem): no candidate is to blame and another round cannot help."""
+
+    code = "harness_failed"
+
+    def __init__(self, message: str, *, detail: str = "", error_code: str = "harness_failed") -> None:
+        super().__init__(message, detail=detail)
+        self.error_code = error_code
+
+
 class NotFound(StitchError):
     code = "not_found"
 

@@ -26,6 +26,9 @@ class EventType(enum.StrEnum):
     CANDIDATES_READY = "candidates_ready"
     CODER_FAILED = "coder_failed"
     VERDICT_READY = "verdict_ready"
+    # The verification harness could not do its own part (the reference failed or ran out of memory or
+    # time, the machine is too small): no candidate is to blame and no further round can help.
+    HARNESS_FAILED = "harness_failed"
     TIMEOUT = "timeout"
     CANCEL = "cancel"
 
@@ -182,6 +185,14 @@ def _on_verdict(state: LoopState, event: Event) -> Decision:
     return _close_round(new, event.reason)
 
 
+def _on_harness_failed(state: LoopState, event: Event) -> Decision:
+    """Ends the job at once: a round already verified keeps its result, nothing more is attempted."""
+    reason = f"the verifier could not check candidates: {event.reason}"
+    if state.best is not None:
+        return _end(state, Phase.SUCCEEDED, ActionType.FINISH, reason)
+    return _end(state, Phase.FAILED, ActionType.FAIL, reason)
+
+
 def _close_round(state: LoopState, reason: str) -> Decision:
     """All verdicts of the round are in: pick the best, then finish, optimize again or replan."""
     limits = state.limits
@@ -234,4 +245,5 @@ _HANDLERS = {
     (Phase.CODING, EventType.CANDIDATES_READY): _on_candidates,
     (Phase.CODING, EventType.CODER_FAILED): _on_coder_failed,
     (Phase.VERIFYING, EventType.VERDICT_READY): _on_verdict,
+    (Phase.VERIFYING, EventType.HARNESS_FAILED): _on_harness_failed,
 }

@@ -253,6 +253,29 @@ class Workflow:
         )
         self._advance(env.job_id, event, guard=f"verdict:{env.round}:{index}", summary=summary)
 
+    def record_harness_failure(self, env: messages_pb2.Envelope, reason: str, error_code: str) -> None:
+        """The verifier could not do its own part for this job (not the candidate's fault): the job ends
+        with that reason and code, and no Coder round is spent on it."""
+        job = self.jobs.get(env.job_id)
+        if job.status.state in TERMINAL_STATES:
+            return
+        if not job.status.error_code:
+            job.status.error_code = error_code
+            self.jobs.put(job)
+        text = f"round {env.round} candidate {env.candidate_index}: the verifier could not run: {reason}"
+        self._event(
+            job,
+            jobs_pb2.EVENT_KIND_WARNING,
+            text,
+            stage="verify",
+            round_=env.round,
+            data={"error_code": error_code},
+        )
+        event = pipeline.Event(
+            pipeline.EventType.HARNESS_FAILED, round=env.round, index=env.candidate_index, reason=reason
+        )
+        self._advance(env.job_id, event, guard=f"harness:{env.round}")
+
     # -- the loop --------------------------------------------------------------------------------------
 
     def _advance(

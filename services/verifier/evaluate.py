@@ -257,6 +257,22 @@ def _shape_probe(
         )
 
 
+def _compile_baseline_finding(ref: ReferenceResult, policy: Policy, findings: FindingList) -> None:
+    """Every verdict has the torch.compile figure, or a finding that says why it has none."""
+    if ref.compile_ms > 0:
+        return
+    if not policy.compile_baseline:
+        findings.add(
+            "D7.compile-baseline",
+            "INFO",
+            "torch.compile was not timed: the policy turned the baseline off",
+            "baseline",
+        )
+        return
+    why = str(ref.timing.get("compile_error") or "the reference run gave no torch.compile timing")
+    findings.add("D7.compile-baseline", "WARNING", f"no torch.compile baseline: {why}", "baseline")
+
+
 def timing(
     run: CandidateRun, ref: ReferenceResult, policy: Policy, findings: FindingList
 ) -> verify_pb2.TimingResult:
@@ -268,6 +284,7 @@ def timing(
     t.eager_spread = _spread(eager)
     t.compile_available = ref.compile_available
     t.compile_ms = ref.compile_ms
+    _compile_baseline_finding(ref, policy, findings)
     if not dev:
         return t
     s, sw = _stats(dev), _stats(wall)

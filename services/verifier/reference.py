@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from stitchcuda.shared.artifacts import sha256_hex
-from stitchcuda.shared.errors import ProblemError, Unavailable
+from stitchcuda.shared.errors import HarnessError, ProblemError, Unavailable
 from stitchcuda.verifier.ceilings import Ceilings, CeilingStore
 from stitchcuda.verifier.harness import wire
+from stitchcuda.verifier.limits import GIB, ProblemSize, memory_budget
 from stitchcuda.verifier.probes import Plan
 from stitchcuda.verifier.sandbox import Mount, RunSpec, Sandbox
 from stitchcuda.verifier.settings import VerifierSettings
@@ -81,8 +82,16 @@ class ReferenceRunner:
     def _baseline_path(self, sha: str, device: str) -> Path:
         return self.baselines / f"{sha[:32]}-{device}.json"
 
-    def run(self, source: str, device: str, plan: Plan, *, compile_baseline: bool) -> ReferenceResult:
+    def run(
+        self, source: str, device: str, plan: Plan, *, compile_baseline: bool, size: ProblemSize | None = None
+    ) -> ReferenceResult:
+        """Runs the reference once on `device` for `plan`; `size` (the planner's bytes of one call)
+        says whether this host can hold it, before anything runs."""
         sha = sha256_hex(source)
+        budget = memory_budget(self.settings, device, size, len(plan.sets))
+        refused = budget.refuses()
+        if refused:
+            raise HarnessError(refused, error_code="machine_too_small")
         cached_compile = self._cached_compile(sha, device) if compile_baseline else None
         want_ceilings = self.ceilings.get(device) is None
         run_root = Path(tempfile.mkdtemp(prefix="ref-", dir=self._run_root()))
@@ -119,12 +128,14 @@ class ReferenceRunner:
                 mounts=mounts,
                 device=device,
                 timeout_s=self.settings.reference_timeout_s,
-                memory_bytes=self._memory(device),
+                memory_bytes=budget.limit,
                 label="reference",
                 extra_env=extra_env,
             )
             outcome = self.sandbox.run(spec)
-            result = self._parse(outcome, sha, device, plan, nonce)
+            result = self._parse(
+                outcome, sha, device, plan, nonce, f"{budget.limit / GIB:.1f} GiB, {budget.how}"
+            )
         finally:
             shutil.rmtree(run_root, ignore_errors=True)
         if compile_baseline:
@@ -133,10 +144,6 @@ class ReferenceRunner:
             else:
                 self._store_compile(sha, device, result.timing)
         return result
-
-    def _memory(self, device: str) -> int:
-        gb = self.settings.memory_limit_gb if device == "cpu" else max(self.settings.memory_limit_gb, 64.0)
-        return int(gb * (1 << 30))
 
     def _run_root(self) -> Path:
         root = self.settings.run_dir or Path(tempfile.gettempdir()) / f"stitchcuda-verify-{os.getuid()}"
@@ -161,18 +168,40 @@ class ReferenceRunner:
         tmp.write_text(json.dumps(keep))
         os.replace(tmp, path)
 
-    def _parse(self, outcome: Any, sha: str, device: str, plan: Plan, nonce: str) -> ReferenceResult:
+    def _parse(
+        self, outcome: Any, sha: str, device: str, plan: Plan, nonce: str, limits: str = ""
+    ) -> ReferenceResult:
         error = outcome.first("error")
         if error is not None:
             head = error[0]
             if head.get("stage") == "device":
                 raise Unavailable(f"the reference process cannot use {device}: {head.get('message')}")
             where = f"line {head['line']}: {head['code']}: " if head.get("line") else ""
+            if _out_of_memory(str(head.get("message", ""))):
+                raise HarnessError(
+                    f"the reference ran out of memory ({head.get('stage')}): {where}{head.get('message')} "
+                    f"(memory limit {limits})",
+                    detail=str(head.get("traceback", ""))[-2000:],
+                    error_code="reference_out_of_memory",
+                )
             raise ProblemError(
                 f"the reference fails ({head.get('stage')}): {where}{head.get('message')}",
                 detail=str(head.get("traceback", ""))[-2000:],
             )
         if not outcome.completed(nonce):
+            # Out of memory or time is the harness's limit, not a bug in the reference: say which.
+            if outcome.memory_exceeded or outcome.timed_out:
+                code = "reference_out_of_memory" if outcome.memory_exceeded else "reference_timeout"
+                limit = (
+                    f"memory limit {limits}"
+                    if outcome.memory_exceeded
+                    else f"time limit {self.settings.reference_timeout_s:.0f} s"
+                )
+                raise HarnessError(
+                    f"the reference run {outcome.crash_reason()} ({limit})",
+                    detail=outcome.log_tail[-2000:],
+                    error_code=code,
+                )
             raise ProblemError(f"the reference run {outcome.crash_reason()}", detail=outcome.log_tail[-2000:])
         info = outcome.first("info")[0]
         problem_head, problem_blob = outcome.first("problem")
@@ -222,3 +251,10 @@ class ReferenceRunner:
             sandbox=outcome.sandbox,
             seconds=outcome.seconds,
         )
+
+
+def _out_of_memory(message: str) -> bool:
+    """A host MemoryError (the address-space limit) or a device allocation failure."""
+    return any(
+        m in message for m in ("MemoryError", "OutOfMemoryError", "CUDA out of memory", "out of memory")
+    )

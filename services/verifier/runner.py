@@ -19,6 +19,7 @@ import torch
 
 from stitchcuda.api.v1 import code_pb2
 from stitchcuda.shared.candidate import ENTRY
+from stitchcuda.verifier import limits
 from stitchcuda.verifier.accounting import CALL_SPAN
 from stitchcuda.verifier.harness import wire
 from stitchcuda.verifier.reference import ReferenceResult
@@ -128,7 +129,7 @@ class CandidateRunner:
         for d in (root, cand, ext):
             d.chmod(0o755)
         mounts = {"cand": Mount(cand), "ext": Mount(ext), "work": Mount(work, writable=True)}
-        gb = self.settings.memory_limit_gb if device == "cpu" else max(self.settings.memory_limit_gb, 64.0)
+        budget = limits.memory_budget(self.settings, device)
         args = ["--device", device, "--threads", str(self.settings.runner_threads)]
         args += ["--idle-timeout", str(self.settings.standby_idle_s)]
         spec = RunSpec(
@@ -138,7 +139,7 @@ class CandidateRunner:
             mounts=mounts,
             device=device,
             timeout_s=self.settings.run_timeout_s,
-            memory_bytes=int(gb * (1 << 30)),
+            memory_bytes=budget.limit,
             label="candidate",
             prefix=list(prefix or []),
             log_limit=200_000 if prefix else 6000,

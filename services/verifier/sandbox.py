@@ -358,7 +358,11 @@ class Sandbox:
                 "HOME": work,
                 "TMPDIR": f"{work}/tmp" if self.mode != "bwrap" else "/tmp",
                 "PYTHONDONTWRITEBYTECODE": "1",
-                "TORCHINDUCTOR_COMPILE_THREADS": "1",
+                # The reference compiles the torch.compile baseline: inductor's parallel compile cuts
+                # that from minutes to seconds; candidates never compile and keep one thread.
+                "TORCHINDUCTOR_COMPILE_THREADS": str(min(8, os.cpu_count() or 1))
+                if spec.label == "reference"
+                else "1",
                 "TORCHINDUCTOR_CACHE_DIR": f"{work}/tmp/inductor",
                 "TRITON_CACHE_DIR": f"{work}/tmp/triton",
                 "CUDA_CACHE_PATH": f"{work}/tmp/nv",
@@ -412,7 +416,8 @@ class Sandbox:
                 os.close(job_r)
                 os.close(res_w)
         launch = Launch(spec=spec, proc=proc, token=token, job_fd=job_w, log_path=log_path, uid=uid)
-        max_payload = int(self.settings.max_payload_gb * (1 << 30))
+        # The channel carries at most what the run may hold (a large problem's inputs and ground truth).
+        max_payload = max(int(self.settings.max_payload_gb * (1 << 30)), spec.memory_bytes)
         launch.reader = threading.Thread(
             target=_read, args=(res_r, launch.frames, launch.errors, max_payload), daemon=True
         )

@@ -21,7 +21,7 @@ from stitchcuda.shared import devices
 from stitchcuda.shared import policy as kernel_policy
 from stitchcuda.shared.artifacts import ArtifactStore, LocalArtifactStore, sha256_hex
 from stitchcuda.shared.errors import InvalidRequest, Unavailable
-from stitchcuda.verifier import evaluate, feedback, ncu
+from stitchcuda.verifier import evaluate, feedback, limits, ncu
 from stitchcuda.verifier.accounting import Accounting
 from stitchcuda.verifier.build import Builder
 from stitchcuda.verifier.evaluate import FindingList, Policy
@@ -179,11 +179,12 @@ class VerifierService:
             return
 
         report("reference", 0.25)
-        ref = self._reference(reference_source, device, pol)
+        ref = self._reference(reference_source, device, pol, limits.problem_size(plan))
         self._environment(verdict, ref)
 
         report("candidate", 0.5)
         t0 = time.monotonic()
+        pol.timeout_s = limits.run_timeout(pol.timeout_s, ref.seconds)
         run = self.candidates.run(candidate, ext_dir, ref, timeout_s=pol.timeout_s)
         done = run.outcome.first("done")
         log.info(
@@ -285,7 +286,9 @@ class VerifierService:
             log.exception("static scan failed")
             findings.add("D11.scan-error", "WARNING", f"static scan failed: {type(exc).__name__}: {exc}")
 
-    def _reference(self, source: str, device: str, pol: Policy) -> ReferenceResult:
+    def _reference(
+        self, source: str, device: str, pol: Policy, size: limits.ProblemSize | None = None
+    ) -> ReferenceResult:
         """Ground truth and baselines, reused for a few verifications of the same problem."""
         key = (
             sha256_hex(source),
@@ -308,9 +311,23 @@ class VerifierService:
             ):
                 cached.uses += 1
                 return cached
-            plan = build_plan(pol.trials, pol.pool, pol.warmup, pol.iterations)
+            size = size or limits.ProblemSize()
+            full = build_plan(pol.trials, pol.pool, pol.warmup, pol.iterations)
+            compact = limits.needs_compact(self.settings, device, size, len(full.sets))
+            plan = (
+                build_plan(pol.trials, pol.pool, pol.warmup, pol.iterations, compact=True)
+                if compact
+                else full
+            )
+            if compact:
+                log.info(
+                    "problem of %.2f GiB per input set: the compact schedule (%d input sets, not %d)",
+                    size.per_set / limits.GIB,
+                    len(plan.sets),
+                    len(full.sets),
+                )
             self.candidates.settle()  # no standby may still be starting while the baseline is timed
-            ref = self.references.run(source, device, plan, compile_baseline=pol.compile_baseline)
+            ref = self.references.run(source, device, plan, compile_baseline=pol.compile_baseline, size=size)
             ref.uses = 1
             with self._lock:
                 self._refs = {

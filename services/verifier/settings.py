@@ -40,7 +40,12 @@ class VerifierSettings(CommonSettings):
 
     # Sandbox (D9/D10).
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
-    memory_limit_gb: float = 8.0
+    # 0 derives each runner's limit from the host's free memory and the problem (verifier.limits);
+    # a positive value is a fixed limit in GiB. Runs that may share the host at once split the free
+    # memory (the GPU slots of a node, or a CPU worker's concurrency).
+    memory_limit_gb: float = Field(default=0.0, ge=0.0)
+    memory_fraction: float = Field(default=0.8, gt=0.0, le=1.0)
+    concurrent_runs: int = Field(default=1, ge=1)
     build_memory_limit_gb: float = 12.0
     nproc_limit: int = 512
     file_size_limit_mb: int = 2048

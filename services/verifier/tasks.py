@@ -11,7 +11,7 @@ from typing import Any
 
 from celery import Task
 
-from stitchcuda.api.v1 import messages_pb2, verify_pb2
+from stitchcuda.api.v1 import messages_pb2
 from stitchcuda.shared.celery_app import (
     LazyRuntime,
     QueueSettings,
@@ -44,13 +44,9 @@ def build_runtime(service: Any = None, settings: QueueSettings | None = None) ->
     worker = VerifierWorker(service, workflow, stores.artifacts, stores.transport)
 
     def report_failure(env: messages_pb2.Envelope, reason: str) -> None:
-        verdict = verify_pb2.Verdict(
-            schema_version=1,
-            accepted=False,
-            reason=f"verification did not complete: {reason}",
-            feedback=f"The verifier could not finish this candidate: {reason}",
-        )
-        workflow.record_verdict(env, env.candidate_index, verdict)
+        # Retries are spent (a worker died on it, or a store stayed down): the harness's failure, which
+        # ends the job with the reason instead of counting as the candidate's rejection.
+        workflow.record_harness_failure(env, f"verification did not complete: {reason}", "verifier_failed")
 
     def on_finished(queue: str, env: messages_pb2.Envelope, seconds: float) -> None:
         if queue != VERIFIER_GPU or not env.tenant_id:

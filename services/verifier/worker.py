@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from stitchcuda.api.v1 import jobs_pb2, messages_pb2, verify_pb2
 from stitchcuda.shared.artifacts import ArtifactStore
-from stitchcuda.shared.errors import ProblemError
+from stitchcuda.shared.errors import HarnessError, ProblemError
 from stitchcuda.shared.gpu_slots import gpu_slot, visible_gpus
 from stitchcuda.shared.settings import CommonSettings
 from stitchcuda.shared.transport import VERIFIER_GPU, Transport
@@ -88,8 +88,12 @@ class VerifierWorker(BaseWorker):
                     plan=plan,
                     progress=self.progress_callback(env),
                 )
+        except HarnessError as exc:
+            # The reference ran out of memory or time, or the machine is too small: not the candidate.
+            self.workflow.record_harness_failure(env, str(exc), exc.error_code)
+            return
         except ProblemError as exc:
-            verdict = verify_pb2.Verdict(
-                schema_version=1, candidate_id=candidate.candidate_id, accepted=False, reason=str(exc)
-            )
+            # The reference itself fails here (the planner's run passed): the job ends with the reason.
+            self.workflow.record_harness_failure(env, str(exc), exc.code)
+            return
         self.workflow.record_verdict(env, env.candidate_index, verdict)

@@ -186,3 +186,22 @@ def test_state_round_trips_through_json():
         verdict(0, 0, speedup=1.4),
     )
     assert LoopState.from_json(s.to_json()) == s
+
+
+def test_a_harness_failure_ends_the_job_at_once_keeping_a_verified_result():
+    harness = Event(EventType.HARNESS_FAILED, round=0, index=0, reason="the reference ran out of memory")
+    state, actions = run(
+        start(Limits(max_rounds=3)).state, PLAN_READY, Event(EventType.CANDIDATES_READY, count=2), harness
+    )
+    assert state.phase is Phase.FAILED and actions[-1][0].type is ActionType.FAIL
+    assert "ran out of memory" in actions[-1][0].reason and state.round == 0
+    state, actions = run(
+        start(Limits(max_rounds=3)).state,
+        PLAN_READY,
+        Event(EventType.CANDIDATES_READY, count=1),
+        verdict(0, 0, speedup=1.5),
+        Event(EventType.CANDIDATES_READY, round=1, count=1),
+        Event(EventType.HARNESS_FAILED, round=1, index=0, reason="worker lost"),
+    )
+    assert state.phase is Phase.SUCCEEDED and actions[-1][0].type is ActionType.FINISH
+    assert state.best == Best(0, 0, 1.5)

@@ -103,6 +103,22 @@ def test_job_runs_all_rounds_and_keeps_the_best():
     assert "0.90x" in h.artifacts.get(job.artifacts["report.html"]).decode()  # vs torch.compile
 
 
+def test_a_harness_failure_ends_the_job_with_its_reason_and_no_further_round():
+    class Failing(Harness):
+        def verify(self, data):
+            env = decode(data)
+            self.workflow.record_harness_failure(
+                env, "the reference ran out of memory (memory limit 8.0 GiB)", "reference_out_of_memory"
+            )
+
+    h = Failing([], samples=2)
+    job = h.run(rounds=3)
+    assert job.status.state == jobs_pb2.JOB_STATE_FAILED
+    assert job.status.error_code == "reference_out_of_memory"
+    assert "ran out of memory" in job.status.message
+    assert len(h.coder_requests) == 1 and not job.rounds  # no rejection recorded, no second round
+
+
 def test_a_job_emits_its_metrics_where_its_state_changes():
     from prometheus_client import REGISTRY
 

@@ -1,0 +1,155 @@
+"""Memory and time limits of a verification, derived from the machine and the problem.
+
+A fixed limit is wrong at both ends: 8 GiB kills a KernelBench reference whose inputs are 6 GiB on a
+host with 128 GiB, and a large fixed limit lets one runaway candidate take a shared host down. The
+limit here is this run's share of the memory the host has free now (the GPU slots of a node share it),
+and a problem whose estimated need exceeds that share is refused up front with both numbers, as a
+failure of the machine, never of a candidate.
+
+`memory_limit_gb` > 0 in the settings is an operator's fixed limit and wins over the derived one.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from stitchcuda.api.v1 import plan_pb2
+from stitchcuda.verifier.settings import VerifierSettings
+
+GIB = 1 << 30
+# What a runner process holds besides the problem's tensors: the interpreter, torch, a CUDA context.
+BASE_BYTES = {"cpu": 2 * GIB, "cuda": 6 * GIB}
+FLOOR_BYTES = 2 * GIB
+
+
+@dataclass(frozen=True)
+class ProblemSize:
+    """Bytes of one call of the reference, from the planner's meta-device analysis (0 when unknown)."""
+
+    inputs: int = 0
+    outputs: int = 0
+    parameters: int = 0
+
+    @property
+    def known(self) -> bool:
+        return self.inputs + self.outputs + self.parameters > 0
+
+    @property
+    def per_set(self) -> int:
+        """What the verifier keeps per input set: the inputs, the float32 results and the float64 ones."""
+        return self.inputs + 3 * self.outputs
+
+    def runner_bytes(self, device: str, sets: int) -> int:
+        """Peak host memory of the reference process: the model (and its float64 copy), one set on its
+        way through the result channel (host copy and serialized), and on the CPU the inputs of every
+        set it made (on a GPU those stay in device memory)."""
+        held = sets * self.inputs if device == "cpu" else 0
+        return BASE_BYTES.get(device, BASE_BYTES["cpu"]) + 3 * self.parameters + 2 * self.per_set + held
+
+    def parent_bytes(self, sets: int) -> int:
+        """What the verifier's own process holds for the candidates of the problem: every set."""
+        return sets * self.per_set + self.parameters
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    total: int
+    available: int
+
+
+def host_memory(meminfo: Path = Path("/proc/meminfo")) -> HostMemory:
+    """The host's total and available memory (the cgroup's limit where it is smaller)."""
+    fields: dict[str, int] = {}
+    try:
+        for line in meminfo.read_text().splitlines():
+            name, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                fields[name] = int(parts[0]) * 1024
+    except OSError:
+        pass
+    total = fields.get("MemTotal") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    available = fields.get("MemAvailable", total)
+    cap = _cgroup_limit()
+    if cap is not None:
+        total, available = min(total, cap), min(available, cap)
+    return HostMemory(total=total, available=available)
+
+
+def _cgroup_limit() -> int | None:
+    for path in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < (1 << 60):
+            return int(text)
+    return None
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    limit: int  # bytes the run's process tree may hold
+    need: int  # the estimate for this problem (0 when its size is not known yet)
+    how: str  # one line: where the limit comes from, for messages and the verdict's environment
+
+    def refuses(self) -> str:
+        """Why this problem cannot run here ("" when it can)."""
+        if self.need <= self.limit:
+            return ""
+        return (
+            f"the problem needs about {self.need / GIB:.1f} GiB of host memory to verify, more than this "
+            f"worker's {self.limit / GIB:.1f} GiB ({self.how}); run it on a larger verifier node"
+        )
+
+
+def memory_budget(
+    settings: VerifierSettings, device: str, size: ProblemSize | None = None, sets: int = 0
+) -> MemoryBudget:
+    """The memory limit of one runner process on `device`, and what a problem of `size` verified with
+    `sets` input sets needs on this host (the runner and the verifier's copy of the sets together)."""
+    size = size or ProblemSize()
+    need = size.runner_bytes(device, sets) + size.parent_bytes(sets) if size.known else 0
+    if settings.memory_limit_gb > 0:
+        fixed = int(settings.memory_limit_gb * GIB)
+        return MemoryBudget(fixed, need, f"fixed by STITCH_MEMORY_LIMIT_GB={settings.memory_limit_gb:g}")
+    host = host_memory()
+    sharers = max(1, settings.concurrent_runs)
+    share = int(host.available * settings.memory_fraction / sharers)
+    limit = max(share, FLOOR_BYTES)
+    how = (
+        f"{settings.memory_fraction:.0%} of the {host.available / GIB:.1f} GiB available of "
+        f"{host.total / GIB:.1f} GiB" + (f", shared by {sharers} runs" if sharers > 1 else "")
+    )
+    return MemoryBudget(limit, need, how)
+
+
+_DTYPE_BYTES = {"float64": 8, "int64": 8, "complex64": 8, "float16": 2, "bfloat16": 2, "int16": 2, "int8": 1,
+                "uint8": 1, "bool": 1}  # fmt: skip
+
+
+def problem_size(plan: plan_pb2.Plan | None) -> ProblemSize:
+    """The problem's bytes per call from the planner's analysis (unknown without a plan)."""
+    if plan is None:
+        return ProblemSize()
+    outputs = 0
+    for out in plan.outputs:
+        count = 1
+        for dim in out.shape:
+            count *= max(int(dim), 0)
+        outputs += count * _DTYPE_BYTES.get(out.dtype.removeprefix("torch."), 4)
+    return ProblemSize(int(plan.input_bytes), outputs, int(plan.parameter_bytes))
+
+
+def needs_compact(settings: VerifierSettings, device: str, size: ProblemSize, sets: int) -> bool:
+    """Would the full schedule's sets not fit this host's share (the compact one may)?"""
+    budget = memory_budget(settings, device, size, sets)
+    return bool(budget.refuses())
+
+
+def run_timeout(settings_timeout_s: float, reference_seconds: float) -> float:
+    """A candidate does the reference's work again (every input set, the timed loop) with its own
+    kernels: it gets the configured time or twice what the reference took, whichever is longer."""
+    return max(settings_timeout_s, 2.0 * reference_seconds + 30.0)
