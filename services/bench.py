@@ -210,8 +210,13 @@ def run_one(task: Task, settings: BenchSettings) -> dict[str, Any]:
         # Job artifacts are scratch; the verifier keeps its default store (STITCH_ARTIFACT_DIR or
         # ~/.stitchcuda/artifacts), so builds are cached across problems, workers and reruns.
         platform = EmbeddedPlatform(CommonSettings(), artifact_root=staging, verifier=VerifierService())
+
+        def log_event(event: jobs_pb2.JobEvent) -> None:
+            # The problem's log shows where its time went: every event of the job, timed from its start.
+            print(f"{time.monotonic() - started:8.1f}s  {event.stage or '-':<10} {event.message}", flush=True)
+
         try:
-            job = platform.run(spec)
+            job = platform.run(spec, on_event=log_event)
         except ProblemError as exc:
             row.update(reason=str(exc), error_code="invalid_problem", wall_s=time.monotonic() - started)
             return row
@@ -265,6 +270,9 @@ def worker_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
     threading.Thread(target=_watch_parent, args=(int(args.parent),), daemon=True).start()
+    from stitchcuda.shared.logs import configure_logging
+
+    configure_logging("INFO", json_output=False)  # the verifier's own timings go to the problem's log
     path = Path(args.problem)
     task = Task(path, args.level, path.stem)
     settings = BenchSettings(args.device, args.rounds, args.policy, args.backend)
@@ -396,9 +404,22 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.wait()
 
 
-def results(bench: Bench, suite: str, *, complete: bool) -> dict[str, Any]:
-    from importlib import metadata
+def _versions() -> dict[str, str]:
+    """The project's version (the package's own, so a source tree that is not installed works too)."""
+    import stitchcuda
 
+    found = {"stitchcuda": stitchcuda.__version__, "python": pyplatform.python_version()}
+    try:
+        import torch
+
+        found["torch"] = torch.__version__
+        found["cuda"] = str(torch.version.cuda or "")
+    except ImportError:
+        pass
+    return found
+
+
+def results(bench: Bench, suite: str, *, complete: bool) -> dict[str, Any]:
     rows = bench.ordered_rows()
     return {
         "suite": suite,
@@ -406,7 +427,7 @@ def results(bench: Bench, suite: str, *, complete: bool) -> dict[str, Any]:
         "complete": complete,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": ["stitchcuda", *sys.argv[1:]],
-        "versions": {"stitchcuda": metadata.version("stitchcuda"), "python": pyplatform.python_version()},
+        "versions": _versions(),
         "skipped": bench.skipped,
         "ran": len(rows) - bench.skipped,
         "summary": summary_by_level(rows),
