@@ -9,6 +9,7 @@ import grpc
 from stitchcuda.shared.errors import (
     Conflict,
     DeadlineExceeded,
+    HarnessError,
     InvalidRequest,
     NotFound,
     PermissionDenied,
@@ -36,6 +37,9 @@ TABLE: dict[type[StitchError], Status] = {
     PermissionDenied: Status(403, grpc.StatusCode.PERMISSION_DENIED),
     NotFound: Status(404, grpc.StatusCode.NOT_FOUND),
     Conflict: Status(409, grpc.StatusCode.ABORTED),
+    # The harness cannot verify this problem here (the machine is too small, the reference fails): the
+    # request was understood, retrying it unchanged will not help.
+    HarnessError: Status(422, grpc.StatusCode.FAILED_PRECONDITION),
     QuotaExceeded: Status(429, grpc.StatusCode.RESOURCE_EXHAUSTED),
     Unavailable: Status(503, grpc.StatusCode.UNAVAILABLE),
     DeadlineExceeded: Status(504, grpc.StatusCode.DEADLINE_EXCEEDED),
