@@ -46,7 +46,7 @@ RUN mkdir -p services shared proto/stitchcuda/api training \
     && pip uninstall -y stitchcuda
 COPY . .
 RUN pip install --no-deps . \
-    && python -c "import stitchcuda.gateway, stitchcuda.shared.metrics"
+    && python -m stitchcuda.shared.selfcheck
 
 RUN useradd --uid 10001 --no-create-home --home-dir /var/lib/stitchcuda --shell /usr/sbin/nologin stitch \
     && install -d -o stitch -g stitch "$HOME" "$TORCH_EXTENSIONS_DIR" "$XDG_CACHE_HOME"

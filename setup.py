@@ -1,6 +1,6 @@
 """Maps the repository's folders onto the one import name `stitchcuda` (docs/adr/0001-layout.md)."""
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 ROOTS = {
     "stitchcuda": "services",
@@ -14,7 +14,10 @@ package_dir: dict[str, str] = {}
 for name, path in ROOTS.items():
     package_dir[name] = path
     packages.append(name)
-    packages.extend(f"{name}.{sub}" for sub in find_packages(path))
+    # Namespace discovery: a folder without __init__.py (coder/synth, shared/templates) is still a
+    # package of the wheel; caches and build outputs are not.
+    found = find_namespace_packages(path, exclude=["*__pycache__*", "build*", "*.egg-info*"])
+    packages.extend(f"{name}.{sub}" for sub in found)
 
 DATA = ["py.typed", "*.proto", "*.j2", "*.md", "*.txt", "*.json", "*.cu", "*.cuh", "*.cpp", "*.h", "*.html"]
 
