@@ -15,6 +15,7 @@ import stitchcuda
 from stitchcuda.api.v1 import jobs_pb2
 from stitchcuda.shared import report
 from stitchcuda.shared.artifacts import MemoryArtifactStore
+from stitchcuda.verifier.sandbox import HARNESS_DIR
 
 # What each service's container starts; they must import in the image.
 ENTRY_MODULES = (
@@ -24,18 +25,15 @@ ENTRY_MODULES = (
     "stitchcuda.coder.worker",
     "stitchcuda.verifier.worker",
 )
-# Files read at run time through importlib.resources or by path next to the code.
-DATA_FILES = (
-    ("stitchcuda.shared", "templates/report.html.j2"),
-    ("stitchcuda.shared", "templates/bench.html.j2"),
-    ("stitchcuda.verifier", "harness/reference_runner.py"),
-    ("stitchcuda.verifier", "harness/candidate_runner.py"),
-)
+# Templates read at run time through importlib.resources.
+TEMPLATES = ("templates/report.html.j2", "templates/bench.html.j2")
+# Scripts the sandbox runs by path from its harness folder.
+HARNESS_SCRIPTS = ("reference_runner.py", "candidate_runner.py")
 # Optional extras: a module that needs one of these is skipped when it is not installed.
 OPTIONAL = ("trl", "peft", "datasets", "vllm", "sentence_transformers", "verl")
 
 
-def check(*, all_modules: bool = True) -> list[str]:
+def check() -> list[str]:
     """Problems found (empty when the installation is whole)."""
     problems: list[str] = []
     for name in ENTRY_MODULES:
@@ -43,20 +41,22 @@ def check(*, all_modules: bool = True) -> list[str]:
             importlib.import_module(name)
         except Exception as exc:
             problems.append(f"{name} does not import: {exc!r}")
-    if all_modules:
-        for info in pkgutil.walk_packages(stitchcuda.__path__, "stitchcuda."):
-            if info.name.endswith("__main__"):
-                continue
-            try:
-                importlib.import_module(info.name)
-            except ModuleNotFoundError as exc:
-                if (exc.name or "").split(".")[0] not in OPTIONAL:
-                    problems.append(f"{info.name} does not import: {exc!r}")
-            except Exception as exc:
+    for info in pkgutil.walk_packages(stitchcuda.__path__, "stitchcuda."):
+        if info.name.endswith("__main__"):
+            continue
+        try:
+            importlib.import_module(info.name)
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").split(".")[0] not in OPTIONAL:
                 problems.append(f"{info.name} does not import: {exc!r}")
-    for package, path in DATA_FILES:
-        if not resources.files(package).joinpath(path).is_file():
-            problems.append(f"{package}: {path} is missing")
+        except Exception as exc:
+            problems.append(f"{info.name} does not import: {exc!r}")
+    for path in TEMPLATES:
+        if not resources.files("stitchcuda.shared").joinpath(path).is_file():
+            problems.append(f"stitchcuda.shared: {path} is missing")
+    for script in HARNESS_SCRIPTS:
+        if not (HARNESS_DIR / script).is_file():
+            problems.append(f"the verifier's harness script {HARNESS_DIR / script} is missing")
     try:
         job = jobs_pb2.Job(job_id="selfcheck", tenant_id="selfcheck")
         html = report.to_html(report.build(job, MemoryArtifactStore(), None, "self-check"))

@@ -1,0 +1,1 @@
+"""The LLM Coder: prompts, the OpenAI-compatible client and its templates."""

@@ -1,0 +1,1 @@
+"""Retrieval of CUDA examples and skills for the Coder's prompts."""

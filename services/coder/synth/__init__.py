@@ -1,0 +1,1 @@
+"""The offline synthesizer: traces a reference and writes its CUDA/C++ program."""
