@@ -25,6 +25,34 @@ FLOOR_BYTES = 2 * GIB
 
 
 @dataclass(frozen=True)
+class Lean:
+    """How a large problem is held (settings.summary_*, regen_input_mb; harness.sketch)."""
+
+    min_numel: int = 0  # outputs of this many elements and more are kept as summaries
+    input_bytes: int = 0  # input sets of this many bytes and more are made again by the candidate's runner
+    summary_bytes: int = 0  # what one summary holds
+
+    @classmethod
+    def of(cls, settings: VerifierSettings) -> Lean:
+        samples = settings.summary_samples
+        return cls(
+            min_numel=settings.summary_min_numel,
+            input_bytes=int(settings.regen_input_mb * (1 << 20)),
+            summary_bytes=4 * 8 * samples + 8 * settings.summary_blocks + 16 * settings.summary_edge,
+        )
+
+    def regenerates(self, input_bytes: int) -> bool:
+        return 0 < self.input_bytes <= input_bytes
+
+    def summarizes(self, output_bytes: int) -> bool:
+        # The planner gives the bytes of all outputs; a float32 output of min_numel elements or more.
+        return 0 < self.min_numel * 4 <= output_bytes
+
+
+NO_LEAN = Lean()
+
+
+@dataclass(frozen=True)
 class ProblemSize:
     """Bytes of one call of the reference, from the planner's meta-device analysis (0 when unknown)."""
 
@@ -38,19 +66,38 @@ class ProblemSize:
 
     @property
     def per_set(self) -> int:
-        """What the verifier keeps per input set: the inputs, the float32 results and the float64 ones."""
+        """The inputs of one set, its float32 results and its float64 ones, whole."""
         return self.inputs + 3 * self.outputs
 
-    def runner_bytes(self, device: str, sets: int) -> int:
-        """Peak host memory of the reference process: the model (and its float64 copy), one set on its
-        way through the result channel (host copy and serialized), and on the CPU the inputs of every
-        set it made (on a GPU those stay in device memory)."""
-        held = sets * self.inputs if device == "cpu" else 0
-        return BASE_BYTES.get(device, BASE_BYTES["cpu"]) + 3 * self.parameters + 2 * self.per_set + held
+    def held_per_set(self, lean: Lean = NO_LEAN) -> int:
+        """What the verifier keeps and sends per input set: a large set's inputs are made again by the
+        candidate's runner, a large output is kept as a summary."""
+        inputs = 0 if lean.regenerates(self.inputs) else self.inputs
+        outputs = lean.summary_bytes if lean.summarizes(self.outputs) else 3 * self.outputs
+        return inputs + outputs
 
-    def parent_bytes(self, sets: int) -> int:
-        """What the verifier's own process holds for the candidates of the problem: every set."""
-        return sets * self.per_set + self.parameters
+    def large(self, lean: Lean) -> bool:
+        return lean.regenerates(self.inputs) or lean.summarizes(self.outputs)
+
+    def runner_bytes(self, device: str, sets: int, lean: Lean = NO_LEAN) -> int:
+        """Peak host memory of the reference process: the model (and its float64 copy), one set on its
+        way through the result channel (host copy and serialized), and the inputs of the sets it keeps
+        on the host (every set; a large problem's bases and timing pool only)."""
+        kept = min(sets, 4) if lean.regenerates(self.inputs) else sets
+        on_host = 3 * self.outputs if device == "cpu" else 0
+        return (
+            BASE_BYTES.get(device, BASE_BYTES["cpu"])
+            + 3 * self.parameters
+            + on_host
+            + 2 * self.held_per_set(lean)
+            + kept * self.inputs
+        )
+
+    def parent_bytes(self, sets: int, lean: Lean = NO_LEAN) -> int:
+        """What the verifier's own process holds for the candidates of the problem: every set, and
+        one large candidate output on its way to its summary."""
+        arriving = 2 * self.outputs if lean.summarizes(self.outputs) else 0
+        return sets * self.held_per_set(lean) + self.parameters + arriving
 
 
 @dataclass(frozen=True)
@@ -111,7 +158,8 @@ def memory_budget(
     """The memory limit of one runner process on `device`, and what a problem of `size` verified with
     `sets` input sets needs on this host (the runner and the verifier's copy of the sets together)."""
     size = size or ProblemSize()
-    need = size.runner_bytes(device, sets) + size.parent_bytes(sets) if size.known else 0
+    lean = Lean.of(settings)
+    need = size.runner_bytes(device, sets, lean) + size.parent_bytes(sets, lean) if size.known else 0
     if settings.memory_limit_gb > 0:
         fixed = int(settings.memory_limit_gb * GIB)
         return MemoryBudget(fixed, need, f"fixed by STITCH_MEMORY_LIMIT_GB={settings.memory_limit_gb:g}")
@@ -144,7 +192,11 @@ def problem_size(plan: plan_pb2.Plan | None) -> ProblemSize:
 
 
 def needs_compact(settings: VerifierSettings, device: str, size: ProblemSize, sets: int) -> bool:
-    """Would the full schedule's sets not fit this host's share (the compact one may)?"""
+    """Would the full schedule's sets not fit this host's share (the compact one may)? A large problem
+    (one whose sets are made again or whose outputs are summarised) always gets the compact one: each
+    set costs the candidate's runner the time to make it again and the parent the time to summarise."""
+    if size.large(Lean.of(settings)):
+        return True
     budget = memory_budget(settings, device, size, sets)
     return bool(budget.refuses())
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -30,11 +31,15 @@ log = logging.getLogger("stitchcuda.verifier.reference")
 
 @dataclass
 class SetData:
-    inputs: list[Any]
+    # None for a large set the candidate's runner makes again from `spec` (its seed and kind).
+    inputs: list[Any] | None
+    # Whole tensors, or for a large output the summary of its float64 target (harness.sketch).
     ref32: list[Any]
     ref64: list[Any] | None
     err_ref32: list[float]
     note: str = ""
+    spec: dict[str, Any] = field(default_factory=dict)
+    input_bytes: int = 0
 
 
 @dataclass
@@ -54,6 +59,7 @@ class ReferenceResult:
     ceilings: Ceilings | None
     sandbox: str
     seconds: float
+    source: str = ""
     created: float = field(default_factory=time.monotonic)
     uses: int = 0
     # Facts derived from the reference alone (tolerances, null-model checks), computed once.
@@ -119,6 +125,7 @@ class ReferenceRunner:
                 if want_ceilings
                 else [],
                 "threads": self.settings.runner_threads or None,
+                "lean": self.lean(),
             }
             extra_env = {k: v for k, v in os.environ.items() if k == "STITCHCUDA_SIZE"}
             spec = RunSpec(
@@ -136,6 +143,7 @@ class ReferenceRunner:
             result = self._parse(
                 outcome, sha, device, plan, nonce, f"{budget.limit / GIB:.1f} GiB, {budget.how}"
             )
+            result.source = source
         finally:
             shutil.rmtree(run_root, ignore_errors=True)
         if compile_baseline:
@@ -144,6 +152,18 @@ class ReferenceRunner:
             else:
                 self._store_compile(sha, device, result.timing)
         return result
+
+    def lean(self) -> dict[str, Any]:
+        """How the reference runner treats large sets and outputs (settings.summary_*, regen_input_mb)."""
+        s = self.settings
+        return {
+            "min_numel": s.summary_min_numel,
+            "samples": s.summary_samples,
+            "blocks": s.summary_blocks,
+            "edge": s.summary_edge,
+            "seed": secrets.randbits(63),  # the sample positions: secret from every candidate
+            "input_bytes": int(s.regen_input_mb * (1 << 20)),
+        }
 
     def _run_root(self) -> Path:
         root = self.settings.run_dir or Path(tempfile.gettempdir()) / f"stitchcuda-verify-{os.getuid()}"
@@ -209,17 +229,22 @@ class ReferenceRunner:
         sets: dict[str, SetData] = {}
         skipped: dict[str, str] = {}
         offshape: dict[str, Any] = {}
+        specs = {s["name"]: s for s in plan.sets}
         for head, blob in outcome.all("set"):
             if head.get("skipped"):
                 skipped[head["name"]] = head["skipped"]
                 continue
             data = wire.loads(blob)
+            if data["inputs"] is None and not head.get("regen"):
+                raise HarnessError(f"the reference runner sent no inputs for set {head['name']}")
             sets[head["name"]] = SetData(
                 inputs=data["inputs"],
                 ref32=data["ref32"],
                 ref64=data["ref64"],
                 err_ref32=list(head.get("err_ref32") or []),
                 note=head.get("note", ""),
+                spec=dict(specs.get(head["name"], {})),
+                input_bytes=int(head.get("input_bytes") or 0),
             )
             if head["name"] == plan.offshape:
                 offshape = {

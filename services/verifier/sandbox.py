@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,9 @@ class Launch:
     frames: list[tuple[dict[str, Any], bytes]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     reader: threading.Thread | None = None
+    # Applied by the reader to each frame as it arrives (a large output reduced to its summary), so
+    # the parent never holds every frame whole.
+    transform: Callable[[dict[str, Any], bytes], tuple[dict[str, Any], bytes]] | None = None
 
     def ready(self, timeout: float) -> bool:
         """Waits until the process says it is prepared (a `ready` frame); False if it died or is late."""
@@ -418,17 +422,21 @@ class Sandbox:
         launch = Launch(spec=spec, proc=proc, token=token, job_fd=job_w, log_path=log_path, uid=uid)
         # The channel carries at most what the run may hold (a large problem's inputs and ground truth).
         max_payload = max(int(self.settings.max_payload_gb * (1 << 30)), spec.memory_bytes)
-        launch.reader = threading.Thread(
-            target=_read, args=(res_r, launch.frames, launch.errors, max_payload), daemon=True
-        )
+        launch.reader = threading.Thread(target=_read, args=(res_r, launch, max_payload), daemon=True)
         launch.reader.start()
         return launch
 
     def finish(
-        self, launch: Launch, header: dict[str, Any], payload: bytes, timeout_s: float | None = None
+        self,
+        launch: Launch,
+        header: dict[str, Any],
+        payload: bytes,
+        timeout_s: float | None = None,
+        transform: Callable[[dict[str, Any], bytes], tuple[dict[str, Any], bytes]] | None = None,
     ) -> Outcome:
         """Sends the job; the wall-clock limit counts from here, not from the launch."""
         spec = launch.spec
+        launch.transform = transform
         started = time.monotonic()
         writer = threading.Thread(target=_write, args=(launch.job_fd, header, payload), daemon=True)
         writer.start()
@@ -550,10 +558,13 @@ def _with_parent_dirs(args: list[str]) -> list[str]:
     return prefix + args[1:]
 
 
-def _read(fd: int, frames: list[tuple[dict[str, Any], bytes]], errors: list[str], max_payload: int) -> None:
+def _read(fd: int, launch: Launch, max_payload: int) -> None:
+    frames, errors = launch.frames, launch.errors
     with os.fdopen(fd, "rb", buffering=1 << 20) as src:
         try:
             for frame in wire.read_frames(src, max_payload):
+                if launch.transform is not None:
+                    frame = launch.transform(*frame)
                 frames.append(frame)
                 if len(frames) > 10_000:
                     errors.append("too many frames")

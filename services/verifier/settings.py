@@ -52,6 +52,16 @@ class VerifierSettings(CommonSettings):
     sandbox_uid_base: int = 200_000
     runner_threads: int = 0  # torch intra-op threads in runners; 0 = torch default
     max_payload_gb: float = 16.0
+    # Large problems (stitchcuda.verifier.harness.sketch): an output of this many elements or more is
+    # checked against a summary of its float64 ground truth (a secret sample of `summary_samples`
+    # positions, `summary_blocks` block norms, the first and last `summary_edge` values), and an input
+    # set of `regen_input_mb` or more is made again from its seed by the candidate's runner instead of
+    # being held by the verifier and sent. 0 turns either off.
+    summary_min_numel: int = Field(default=1 << 25, ge=0)
+    summary_samples: int = Field(default=1 << 22, ge=1024)
+    summary_blocks: int = Field(default=4096, ge=16)
+    summary_edge: int = Field(default=1 << 16, ge=0)
+    regen_input_mb: float = Field(default=1024.0, ge=0.0)
 
     # Build (nvcc works without a GPU, so CUDA builds run on CPU workers too).
     cuda_arch_list: str = "9.0"

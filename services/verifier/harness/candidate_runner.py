@@ -436,6 +436,44 @@ class Auditor:
 # --- output integrity (D5) ------------------------------------------------------------------------
 
 
+class InputSets:
+    """The run's input sets: those the parent sent whole, and large ones made here again from their
+    seeds with the reference's own get_inputs (the bits the reference runner made: same code, seed and
+    torch). The reference module is loaded before the candidate is imported; one made set is kept."""
+
+    def __init__(self, sent: dict[str, list[Any]], regen: dict[str, Any], source: str, work: str) -> None:
+        self.sent, self.regen = sent, regen
+        self.made: dict[str, list[Any]] = {}
+        self.module: Any = None
+        if regen:
+            path = os.path.join(work, "reference_inputs.py")
+            with open(path, "w") as fh:
+                fh.write(source)
+            spec = importlib.util.spec_from_file_location("_stitch_reference_inputs", path)
+            assert spec is not None and spec.loader is not None
+            self.module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(self.module)
+
+    def whole(self, name: str) -> bool:
+        return name in self.sent
+
+    def __getitem__(self, name: str) -> list[Any]:
+        if name in self.sent:
+            return self.sent[name]
+        if name in self.made:
+            return self.made[name]
+        spec = self.regen[name]
+        base = spec.get("base") or ""
+        bases = {base: self[base]} if spec.get("kind") == "perturb" and base else {}
+        items = common.make_inputs(self.module, spec, bases)
+        self.made = {name: items}
+        return items
+
+
+def same_copy(x: Any) -> Any:
+    return x.clone() if hasattr(x, "clone") else x
+
+
 def storage_range(t: Any) -> tuple[int, int] | None:
     try:
         storage = t.untyped_storage()
@@ -566,7 +604,7 @@ def main() -> None:
     findings = Findings()
     data = wire.loads(payload)
     del payload
-    sets: dict[str, list[Any]] = data["sets"]
+    sets = InputSets(data["sets"], data.get("regen") or {}, data.get("reference") or "", roots["work"])
 
     memory = header.get("memory") or {}
     base_mem = 0
@@ -732,6 +770,11 @@ def main() -> None:
         # Timed loop (D7): rotating input sets, outputs of secretly chosen iterations checked too.
         stage = "timing"
         pool = [to_device(sets[n], device) for n in header["pool"]]
+        # What the pool must still hold after timing (a large set is not kept on the host: a copy here).
+        originals = [
+            sets[n] if sets.whole(n) else [same_copy(x) for x in pool[i]]
+            for i, n in enumerate(header["pool"])
+        ]
         iterations = int(header["iterations"])
         with no_grad():
             for i in range(int(header["warmup"])):
@@ -764,9 +807,9 @@ def main() -> None:
         calls[0] += iterations
         auditor.phase = "after-timing"
         previous.clear()
-        for i, name in enumerate(header["pool"]):
-            for j, (x, orig) in enumerate(zip(pool[i], sets[name], strict=True)):
-                if isinstance(x, tensor_cls) and not same_bits(x.cpu(), orig):
+        for i in range(len(header["pool"])):
+            for j, (x, orig) in enumerate(zip(pool[i], originals[i], strict=True)):
+                if isinstance(x, tensor_cls) and not same_bits(x.to(orig.device), orig):
                     findings.add(
                         "D5.input-mutated", "REJECT", f"input {j} was modified during timing", "timed loop"
                     )

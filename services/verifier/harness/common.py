@@ -271,3 +271,45 @@ def environment(device: str) -> dict[str, Any]:
 
 def now() -> float:
     return _PERF()
+
+
+def seed_all(seed: int) -> None:
+    import torch
+
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def make_inputs(module: Any, spec: dict[str, Any], base: dict[str, list[Any]]) -> list[Any]:
+    """One input set: plain seeded get_inputs(), or a probe derived from it."""
+    import torch
+
+    kind = spec["kind"]
+    if kind in ("perturb",) and spec.get("base") in base:
+        items = [x.clone() if isinstance(x, torch.Tensor) else x for x in base[spec["base"]]]
+    else:
+        seed_all(spec["seed"])
+        items = list(module.get_inputs())
+        items = [x.detach().cpu().contiguous() if isinstance(x, torch.Tensor) else x for x in items]
+    gen = torch.Generator().manual_seed(spec["seed"] & 0x7FFF_FFFF_FFFF_FFFF)
+    out: list[Any] = []
+    for x in items:
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 0):
+            out.append(x)
+            continue
+        if kind == "shift":
+            x = x * 3.0 + 0.5
+        elif kind == "uniform":
+            x = (torch.rand(x.shape, generator=gen, dtype=torch.float32) * 4.0 - 2.0).to(x.dtype)
+        elif kind == "perturb":
+            flat = x.reshape(-1)
+            n = flat.numel()
+            i = int(torch.randint(0, n, (1,), generator=gen))
+            flat[i] = flat[i] * -2.0 + 3.0
+            seg = max(1, n // 64)
+            j = int(torch.randint(0, max(1, n - seg), (1,), generator=gen))
+            flat[j : j + seg] = flat[j : j + seg] * 1.5 - 0.25
+            x = flat.reshape(x.shape)
+        out.append(x.contiguous())
+    return out

@@ -73,14 +73,6 @@ def main() -> None:
     common.exit_now(out, 0)
 
 
-def seed_all(seed: int) -> None:
-    import torch
-
-    torch.manual_seed(seed)
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(seed)
-
-
 def load_module(path: str) -> Any:
     spec = importlib.util.spec_from_file_location("reference", path)
     assert spec is not None and spec.loader is not None
@@ -94,62 +86,23 @@ def load_module(path: str) -> Any:
 
 
 def rel_l2(a: Any, b: Any) -> float:
-    import torch
+    import sketch
 
-    a64, b64 = a.detach().double(), b.detach().double()
-    finite = torch.isfinite(a64) & torch.isfinite(b64)
-    if not bool(finite.any()):
-        return 0.0
-    diff = torch.linalg.vector_norm((a64 - b64)[finite])
-    base = torch.linalg.vector_norm(b64[finite])
-    return float(diff / base) if float(base) > 0 else float(diff)
+    return sketch.errors(a, b)[0]
 
 
-def make_inputs(module: Any, spec: dict[str, Any], base: dict[str, list[Any]]) -> list[Any]:
-    """One input set: plain seeded get_inputs(), or a probe derived from it."""
-    import torch
-
-    kind = spec["kind"]
-    if kind in ("perturb",) and spec.get("base") in base:
-        items = [x.clone() if isinstance(x, torch.Tensor) else x for x in base[spec["base"]]]
-    else:
-        seed_all(spec["seed"])
-        items = list(module.get_inputs())
-        items = [x.detach().cpu().contiguous() if isinstance(x, torch.Tensor) else x for x in items]
-    gen = torch.Generator().manual_seed(spec["seed"] & 0x7FFF_FFFF_FFFF_FFFF)
-    out: list[Any] = []
-    for x in items:
-        if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 0):
-            out.append(x)
-            continue
-        if kind == "shift":
-            x = x * 3.0 + 0.5
-        elif kind == "uniform":
-            x = (torch.rand(x.shape, generator=gen, dtype=torch.float32) * 4.0 - 2.0).to(x.dtype)
-        elif kind == "perturb":
-            flat = x.reshape(-1)
-            n = flat.numel()
-            i = int(torch.randint(0, n, (1,), generator=gen))
-            flat[i] = flat[i] * -2.0 + 3.0
-            seg = max(1, n // 64)
-            j = int(torch.randint(0, max(1, n - seg), (1,), generator=gen))
-            flat[j : j + seg] = flat[j : j + seg] * 1.5 - 0.25
-            x = flat.reshape(x.shape)
-        out.append(x.contiguous())
-    return out
-
-
-def forward(model: Any, items: list[Any], device: str) -> list[Any]:
+def forward(model: Any, items: list[Any], device: str, host: bool = True) -> list[Any]:
     import torch
 
     with torch.no_grad():
         result = model(*common.to_device(items, device))
     if device == "cuda":
         torch.cuda.synchronize()
-    return common.to_cpu(common.flatten(result))
+    outs = common.flatten(result)
+    return common.to_cpu(outs) if host else outs
 
 
-def forward64(model64: Any, items: list[Any], device: str) -> list[Any]:
+def forward64(model64: Any, items: list[Any], device: str, host: bool = True) -> list[Any]:
     import torch
 
     items64 = [
@@ -163,7 +116,36 @@ def forward64(model64: Any, items: list[Any], device: str) -> list[Any]:
             result = model64(*items64)
     finally:
         torch.set_default_dtype(old)
-    return common.to_cpu(common.flatten(result))
+    outs = common.flatten(result)
+    return common.to_cpu(outs) if host else outs
+
+
+def nbytes(items: list[Any]) -> int:
+    import torch
+
+    return sum(x.numel() * x.element_size() for x in items if isinstance(x, torch.Tensor))
+
+
+def ground_truth(
+    ref32: list[Any], ref64: list[Any] | None, lean: dict[str, Any]
+) -> tuple[list[Any], list[Any] | None]:
+    """What the parent keeps of one set's results: whole tensors, or summaries of the large outputs
+    (`lean["min_numel"]` elements and more), whose float64 target then lives in the summary."""
+    import sketch
+
+    if not any(sketch.wanted(t, int(lean.get("min_numel") or 0)) for t in ref32):
+        return common.to_cpu(ref32), common.to_cpu(ref64) if ref64 is not None else None
+    out32: list[Any] = []
+    out64: list[Any] = []
+    for i, a in enumerate(ref32):
+        b = ref64[i] if ref64 is not None and i < len(ref64) else None
+        if sketch.wanted(a, int(lean["min_numel"])):
+            out32.append(sketch.reference_summary(a, b, lean))
+            out64.append(None)
+        else:
+            out32.append(common.to_cpu([a])[0])
+            out64.append(common.to_cpu([b])[0] if b is not None else None)
+    return out32, out64 if ref64 is not None else None
 
 
 def scaled_globals(module: Any) -> dict[str, int]:
@@ -186,7 +168,7 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
         raise StageError("import", exc) from exc
     try:
         init_inputs = list(module.get_init_inputs())
-        seed_all(header["init_seed"])
+        common.seed_all(header["init_seed"])
         model = module.Model(*init_inputs).to(device)
     except BaseException as exc:
         raise StageError("init", exc) from exc
@@ -205,33 +187,40 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
     param_bytes = sum(v.numel() * v.element_size() for v in state.values())
     send({"kind": "problem", "param_bytes": param_bytes}, blob)
 
+    lean = header.get("lean") or {}
+    regen_bytes = int(lean.get("input_bytes") or 0)
+    # Sets other sets derive from, and the timing pool, are kept; a large problem's others are not.
+    keep = {s.get("base") for s in header["sets"]} | set(header["pool"]) | {header["sets"][0]["name"]}
     made: dict[str, list[Any]] = {}
     first_out: list[Any] | None = None
     for spec in header["sets"]:
         name = spec["name"]
         essential = spec["kind"] == "plain"
         try:
-            items = make_inputs(module, spec, made)
+            items = common.make_inputs(module, spec, made)
         except BaseException as exc:
             if essential:
                 raise StageError("get_inputs", exc) from exc
             send({"kind": "set", "name": name, "skipped": f"cannot make inputs: {common.error_line(exc)}"})
             continue
-        made[name] = items
+        regen = bool(regen_bytes) and nbytes(items) >= regen_bytes
+        if name in keep or not regen:
+            made[name] = items
         try:
-            ref32 = forward(model, items, device)
+            ref32 = forward(model, items, device, host=not lean)
         except BaseException as exc:
             if essential:
                 raise StageError("forward", exc) from exc
             send({"kind": "set", "name": name, "skipped": f"reference fails: {common.error_line(exc)}"})
             continue
         if first_out is None:
-            first_out = ref32
-            again = forward(model, items, device)
+            first_out = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in ref32]
+            again = forward(model, items, device, host=not lean)
             worst = max(
                 (rel_l2(a, b) for a, b in zip(again, ref32, strict=True) if isinstance(a, torch.Tensor)),
                 default=0.0,
             )
+            del again
             if not worst <= 1e-5:
                 raise StageError(
                     "determinism",
@@ -242,7 +231,7 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
         ref64, note = None, ""
         if model64 is not None:
             try:
-                ref64 = forward64(model64, items, device)
+                ref64 = forward64(model64, items, device, host=not lean)
             except Exception as exc:
                 note = f"float64 evaluation failed: {common.error_line(exc, 200)}"
         errors = []
@@ -251,10 +240,16 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
                 rel_l2(a, b) if isinstance(a, torch.Tensor) and a.is_floating_point() else 0.0
                 for a, b in zip(ref32, ref64, strict=True)
             ]
-        send(
-            {"kind": "set", "name": name, "err_ref32": errors, "note": note},
-            wire.dumps({"inputs": items, "ref32": ref32, "ref64": ref64}),
-        )
+        if lean:
+            ref32, ref64 = ground_truth(ref32, ref64, lean)
+        head = {"kind": "set", "name": name, "err_ref32": errors, "note": note, "input_bytes": nbytes(items)}
+        # A large input set is not sent: the candidate's runner makes it again from the same seed.
+        sent = None if regen else items
+        if regen:
+            head["regen"] = True
+        del items
+        send(head, wire.dumps({"inputs": sent, "ref32": ref32, "ref64": ref64}))
+        del ref32, ref64
 
     offshape = header.get("offshape")
     if offshape:
@@ -306,9 +301,9 @@ def reference_offshape(
         init_changed = new_init != init_inputs
         model2 = model
         if init_changed:
-            seed_all(header["init_seed"])
+            common.seed_all(header["init_seed"])
             model2 = module.Model(*new_init).to(device)
-        items = make_inputs(module, {"kind": "plain", "seed": spec["seed"], "name": spec["name"]}, {})
+        items = common.make_inputs(module, {"kind": "plain", "seed": spec["seed"], "name": spec["name"]}, {})
         ref32 = forward(model2, items, device)
         ref64 = None
         try:

@@ -58,12 +58,19 @@ def test_a_problem_too_large_for_the_host_is_refused_with_both_numbers(
 ) -> None:
     fake_host(monkeypatch, 100.0)
     size = ProblemSize(inputs=8 * GIB, outputs=8 * GIB)  # a KernelBench-sized elementwise op
-    budget = limits.memory_budget(fast_settings(tmp_path), "cuda", size, sets=13)
-    message = budget.refuses()
+    # held whole (summaries and remade inputs off), 13 sets of it cannot fit 80 GiB
+    whole = fast_settings(tmp_path, summary_min_numel=0, regen_input_mb=0)
+    message = limits.memory_budget(whole, "cuda", size, sets=13).refuses()
     assert "GiB of host memory" in message and "80.0 GiB" in message
+    # by default its sets are made again by the candidate's runner and its outputs summarised: it fits
+    lean = limits.memory_budget(fast_settings(tmp_path), "cuda", size, sets=13)
+    assert not lean.refuses() and lean.need < 60 * GIB
+    assert limits.needs_compact(fast_settings(tmp_path), "cuda", size, 13)  # large: the compact schedule
+    huge = ProblemSize(inputs=40 * GIB, outputs=8 * GIB)
+    assert "GiB of host memory" in limits.memory_budget(fast_settings(tmp_path), "cuda", huge, 9).refuses()
     # the same problem with a small output (a reduction) fits in the compact schedule, not the full one
-    reduction = ProblemSize(inputs=5 * GIB, outputs=4 << 20)
-    settings = fast_settings(tmp_path)
+    reduction = ProblemSize(inputs=3 * GIB, outputs=4 << 20)
+    settings = whole
     full, compact = len(build_plan(3, 3, 5, 20).sets), len(build_plan(3, 3, 5, 20, compact=True).sets)
     assert limits.needs_compact(settings, "cuda", reduction, full)
     assert not limits.needs_compact(settings, "cuda", reduction, compact)

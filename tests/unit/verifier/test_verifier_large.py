@@ -1,0 +1,134 @@
+"""Large problems: outputs checked against summaries of their float64 ground truth, input sets made again
+by the candidate's runner. The summary check must pass honest float32 results and catch the wrong ones a
+whole-tensor check catches: a zeroed region the sample misses, a sign flip, a wrong tail, a NaN."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from verifier_support import FIXTURES, REF01, fast_settings, rejects, variant
+
+from stitchcuda.api.v1 import plan_pb2
+from stitchcuda.shared.artifacts import LocalArtifactStore
+from stitchcuda.shared.candidate import read_dir
+from stitchcuda.verifier import compare
+from stitchcuda.verifier.harness import sketch
+from stitchcuda.verifier.service import VerifierService
+
+SPEC = {"samples": 1024, "blocks": 256, "edge": 64, "seed": 12345}
+
+
+def reference(shape: tuple[int, ...] = (300, 1000)) -> tuple[torch.Tensor, dict, compare.Tolerance]:
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    ref32 = torch.nn.functional.gelu(x * 1.5 + 0.25, approximate="tanh") * x
+    ref64 = torch.nn.functional.gelu(x.double() * 1.5 + 0.25, approximate="tanh") * x.double()
+    summary = sketch.reference_summary(ref32, ref64, SPEC)
+    tol = compare.tolerances([([summary], [None])], floor=1e-5, max_floor=1e-4, factor=10.0)[0]
+    return ref32, summary, tol
+
+
+def reduced(c: torch.Tensor, summary: dict) -> dict:
+    return sketch.summarize(c, summary["idx"], len(summary["block_norms"]), len(summary["head"]))
+
+
+def check(c: torch.Tensor, summary: dict, tol: compare.Tolerance) -> compare.OutputCheck:
+    return compare.check_output(reduced(c, summary), summary, None, tol)
+
+
+def test_honest_float32_results_pass_and_the_tolerance_comes_from_the_exact_error() -> None:
+    ref32, summary, tol = reference()
+    assert 0 < summary["err_l2"] < 1e-6 and tol.rel_l2 == 1e-5
+    assert check(ref32, summary, tol).ok
+    # a different but honest float32 evaluation order (rounding noise) passes too
+    noisy = ref32 * (1 + 1e-7 * torch.randn(ref32.shape, generator=torch.Generator().manual_seed(1)))
+    assert check(noisy, summary, tol).ok
+
+
+def test_a_zeroed_region_no_sample_hits_is_caught_by_the_block_norms() -> None:
+    ref32, summary, tol = reference()
+    idx = summary["idx"]
+    gaps = idx[1:] - idx[:-1]
+    start = int(idx[int(torch.argmax(gaps))]) + 1
+    length = int(gaps.max()) - 1
+    assert length >= 500  # 1024 samples over 300k elements leave gaps this wide
+    wrong = ref32.clone().reshape(-1)
+    wrong[start : start + length] = 0.0
+    result = check(wrong.reshape(ref32.shape), summary, tol)
+    assert not result.ok and result.rule == "D3.mismatch"
+    assert result.stats["sampled_rel_l2"] <= tol.rel_l2 < result.stats["block_energy_rel_l2"]
+    assert "blocks" in result.detail
+
+
+@pytest.mark.parametrize(
+    ("name", "wrong", "rule"),
+    [
+        ("sign flip of a quarter", lambda t: torch.cat([-t[:75], t[75:]]), "D3.mismatch"),
+        ("wrong last elements", lambda t: t.reshape(-1).index_fill(0, torch.arange(299_990, 300_000), 7.0).reshape(t.shape), "D3.mismatch"),
+        ("a NaN", lambda t: t.reshape(-1).index_fill(0, torch.tensor([5]), float("nan")).reshape(t.shape), "D3.nonfinite"),
+        ("flattened", lambda t: t.reshape(-1), "D3.shape"),
+        ("float64", lambda t: t.double(), "D3.dtype"),
+    ],
+)  # fmt: skip
+def test_wrong_outputs_are_rejected(name: str, wrong, rule: str) -> None:
+    ref32, summary, tol = reference()
+    result = check(wrong(ref32), summary, tol)
+    assert not result.ok and result.rule == rule, (name, result)
+
+
+def test_a_candidate_output_of_another_size_stays_whole_and_fails_on_shape() -> None:
+    ref32, summary, tol = reference()
+    result = compare.check_output(ref32[:10], summary, None, tol)
+    assert not result.ok and result.rule == "D3.shape"
+
+
+def test_constant_outputs_across_sets_are_seen_on_summaries() -> None:
+    ref32, summary, _ = reference()
+    a, b = reduced(ref32, summary), reduced(ref32.clone(), summary)
+    assert compare.identical_outputs([[a], [b]])
+    assert not compare.identical_outputs([[a], [reduced(ref32 * 2, summary)]])
+
+
+LARGE_REF = REF01.read_text().replace("(256, 1024)", "(1024, 2048)")
+LARGE_PLAN = plan_pb2.Plan(
+    input_bytes=1024 * 2048 * 4,
+    outputs=[plan_pb2.TensorSpec(name="out", shape=[1024, 2048], dtype="float32")],
+)
+
+
+@pytest.mark.slow
+def test_a_large_problem_verifies_on_summaries_and_remade_inputs(
+    tmp_path: Path, build_store: LocalArtifactStore
+) -> None:
+    # Thresholds small enough that this 8 MiB problem is "large": what a 6 GiB one does on a GPU host.
+    settings = fast_settings(
+        tmp_path, standby=False, summary_min_numel=1 << 20, summary_samples=1 << 14, regen_input_mb=4
+    )
+    service = VerifierService(settings, artifacts=build_store)
+    try:
+        verdict = service.verify(LARGE_REF, read_dir(FIXTURES / "honest_cpu"), device="cpu", plan=LARGE_PLAN)
+        assert verdict.accepted, verdict.feedback
+        assert not rejects(verdict)
+        ref = next(iter(service._refs.values()))
+        assert all(data.inputs is None and sketch.is_summary(data.ref32[0]) for data in ref.sets.values())
+        names = {t.name for t in verdict.correctness.trials}
+        assert {"trial0", "trial1", "refill", "perturb", "shift", "late"} <= names
+        # the wrong answer of the whole-tensor tests is as wrong on a summary
+        wrong = variant(
+            tmp_path,
+            "import torch.nn as nn\nimport sc_test_elementwise as ext\n\n\n"
+            "class ModelNew(nn.Module):\n"
+            "    def __init__(self, scale, shift):\n"
+            "        super().__init__()\n"
+            "        self.scale, self.shift = float(scale), float(shift)\n\n"
+            "    def forward(self, x):\n"
+            "        out = ext.fused_forward(x, self.scale, self.shift)\n"
+            "        out[-1, -8:] = 0.0\n"
+            "        return out\n",
+        )
+        bad = service.verify(LARGE_REF, read_dir(wrong), device="cpu", plan=LARGE_PLAN)
+        assert not bad.accepted and bad.reason.startswith("D3.mismatch"), bad.reason
+        assert "sampled elements" in bad.reason
+    finally:
+        service.close()
