@@ -201,7 +201,12 @@ def needs_compact(settings: VerifierSettings, device: str, size: ProblemSize, se
     return bool(budget.refuses())
 
 
-def run_timeout(settings_timeout_s: float, reference_seconds: float) -> float:
+# The slowest rate at which a candidate's outputs reach the parent (serialised, piped, summarised).
+TRANSFER_BYTES_PER_S = 0.5 * GIB
+
+
+def run_timeout(settings_timeout_s: float, reference_seconds: float, transfer_bytes: int = 0) -> float:
     """A candidate does the reference's work again (every input set, the timed loop) with its own
-    kernels: it gets the configured time or twice what the reference took, whichever is longer."""
-    return max(settings_timeout_s, 2.0 * reference_seconds + 30.0)
+    kernels: it gets the configured time or twice what the reference took, whichever is longer, plus
+    the time its recorded outputs take to reach the parent (minutes for a 6 GiB output)."""
+    return max(settings_timeout_s, 2.0 * reference_seconds + 30.0) + transfer_bytes / TRANSFER_BYTES_PER_S

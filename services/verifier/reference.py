@@ -125,7 +125,7 @@ class ReferenceRunner:
                 if want_ceilings
                 else [],
                 "threads": self.settings.runner_threads or None,
-                "lean": self.lean(),
+                "lean": self.lean(device, size),
             }
             extra_env = {k: v for k, v in os.environ.items() if k == "STITCHCUDA_SIZE"}
             spec = RunSpec(
@@ -153,10 +153,14 @@ class ReferenceRunner:
                 self._store_compile(sha, device, result.timing)
         return result
 
-    def lean(self) -> dict[str, Any]:
-        """How the reference runner treats large sets and outputs (settings.summary_*, regen_input_mb)."""
+    def lean(self, device: str, size: ProblemSize | None) -> dict[str, Any]:
+        """How the reference runner treats large sets and outputs (settings.summary_*, regen_input_mb):
+        a problem whose input sets are made again is made on the GPU, where that is minutes faster."""
         s = self.settings
+        regen = int(s.regen_input_mb * (1 << 20))
+        large = size is not None and regen > 0 and size.inputs >= regen
         return {
+            "make_on": device if device == "cuda" and large else "cpu",
             "min_numel": s.summary_min_numel,
             "samples": s.summary_samples,
             "blocks": s.summary_blocks,
@@ -243,7 +247,7 @@ class ReferenceRunner:
                 ref64=data["ref64"],
                 err_ref32=list(head.get("err_ref32") or []),
                 note=head.get("note", ""),
-                spec=dict(specs.get(head["name"], {})),
+                spec={**specs.get(head["name"], {}), "made_on": str(head.get("made_on") or "cpu")},
                 input_bytes=int(head.get("input_bytes") or 0),
             )
             if head["name"] == plan.offshape:

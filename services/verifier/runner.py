@@ -308,6 +308,12 @@ def memory_budget(ref: ReferenceResult) -> tuple[float, float]:
     return allowed, held
 
 
+def transfer_bytes(ref: ReferenceResult) -> int:
+    """Bytes of the outputs a run sends the parent: one output list per checked call, timed ones too."""
+    first = next(iter(ref.sets.values()), None)
+    return (len(ref.plan.checked) + 3) * _nbytes(first.ref32) if first else 0
+
+
 def summarizer(ref: ReferenceResult) -> Any:
     """A frame transform that reduces each large candidate output to the summary its reference has
     (same secret positions, blocks and edges), as it arrives; None when the problem has none."""

@@ -27,7 +27,7 @@ from stitchcuda.verifier.build import Builder
 from stitchcuda.verifier.evaluate import FindingList, Policy
 from stitchcuda.verifier.probes import build_plan
 from stitchcuda.verifier.reference import ReferenceResult, ReferenceRunner
-from stitchcuda.verifier.runner import CandidateRun, CandidateRunner
+from stitchcuda.verifier.runner import CandidateRun, CandidateRunner, transfer_bytes
 from stitchcuda.verifier.sandbox import Sandbox
 from stitchcuda.verifier.settings import VerifierSettings
 
@@ -184,7 +184,7 @@ class VerifierService:
 
         report("candidate", 0.5)
         t0 = time.monotonic()
-        pol.timeout_s = limits.run_timeout(pol.timeout_s, ref.seconds)
+        pol.timeout_s = limits.run_timeout(pol.timeout_s, ref.seconds, transfer_bytes(ref))
         run = self.candidates.run(candidate, ext_dir, ref, timeout_s=pol.timeout_s)
         done = run.outcome.first("done")
         log.info(

@@ -465,7 +465,7 @@ class InputSets:
         spec = self.regen[name]
         base = spec.get("base") or ""
         bases = {base: self[base]} if spec.get("kind") == "perturb" and base else {}
-        items = common.make_inputs(self.module, spec, bases)
+        items = common.make_inputs(self.module, spec, bases, str(spec.get("made_on") or "cpu"))
         self.made = {name: items}
         return items
 

@@ -281,8 +281,12 @@ def seed_all(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
-def make_inputs(module: Any, spec: dict[str, Any], base: dict[str, list[Any]]) -> list[Any]:
-    """One input set: plain seeded get_inputs(), or a probe derived from it."""
+def make_inputs(
+    module: Any, spec: dict[str, Any], base: dict[str, list[Any]], where: str = "cpu"
+) -> list[Any]:
+    """One input set: plain seeded get_inputs(), or a probe derived from it. `where` other than the CPU
+    runs get_inputs with that default device (a large set made on the GPU in a fraction of the time;
+    the same seed gives the same bits on the same device, so a candidate's runner can make it again)."""
     import torch
 
     kind = spec["kind"]
@@ -290,8 +294,12 @@ def make_inputs(module: Any, spec: dict[str, Any], base: dict[str, list[Any]]) -
         items = [x.clone() if isinstance(x, torch.Tensor) else x for x in base[spec["base"]]]
     else:
         seed_all(spec["seed"])
-        items = list(module.get_inputs())
-        items = [x.detach().cpu().contiguous() if isinstance(x, torch.Tensor) else x for x in items]
+        if where == "cpu":
+            items = list(module.get_inputs())
+        else:
+            with torch.device(where):
+                items = list(module.get_inputs())
+        items = [x.detach().to(where).contiguous() if isinstance(x, torch.Tensor) else x for x in items]
     gen = torch.Generator().manual_seed(spec["seed"] & 0x7FFF_FFFF_FFFF_FFFF)
     out: list[Any] = []
     for x in items:
@@ -301,7 +309,7 @@ def make_inputs(module: Any, spec: dict[str, Any], base: dict[str, list[Any]]) -
         if kind == "shift":
             x = x * 3.0 + 0.5
         elif kind == "uniform":
-            x = (torch.rand(x.shape, generator=gen, dtype=torch.float32) * 4.0 - 2.0).to(x.dtype)
+            x = (torch.rand(x.shape, generator=gen, dtype=torch.float32) * 4.0 - 2.0).to(x.device, x.dtype)
         elif kind == "perturb":
             flat = x.reshape(-1)
             n = flat.numel()

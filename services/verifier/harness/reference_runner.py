@@ -120,6 +120,18 @@ def forward64(model64: Any, items: list[Any], device: str, host: bool = True) ->
     return common.to_cpu(outs) if host else outs
 
 
+def make_set(
+    module: Any, spec: dict[str, Any], made: dict[str, list[Any]], where: str
+) -> tuple[list[Any], str]:
+    """One input set, made on `where` when get_inputs can run with that default device, else on the CPU."""
+    if where != "cpu":
+        try:
+            return common.make_inputs(module, spec, made, where), where
+        except Exception:
+            pass
+    return common.make_inputs(module, spec, made), "cpu"
+
+
 def nbytes(items: list[Any]) -> int:
     import torch
 
@@ -197,7 +209,7 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
         name = spec["name"]
         essential = spec["kind"] == "plain"
         try:
-            items = common.make_inputs(module, spec, made)
+            items, made_on = make_set(module, spec, made, str(lean.get("make_on") or "cpu"))
         except BaseException as exc:
             if essential:
                 raise StageError("get_inputs", exc) from exc
@@ -242,7 +254,14 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
             ]
         if lean:
             ref32, ref64 = ground_truth(ref32, ref64, lean)
-        head = {"kind": "set", "name": name, "err_ref32": errors, "note": note, "input_bytes": nbytes(items)}
+        head = {
+            "kind": "set",
+            "name": name,
+            "err_ref32": errors,
+            "note": note,
+            "input_bytes": nbytes(items),
+            "made_on": made_on,
+        }
         # A large input set is not sent: the candidate's runner makes it again from the same seed.
         sent = None if regen else items
         if regen:
