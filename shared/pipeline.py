@@ -210,8 +210,7 @@ def _close_round(state: LoopState, reason: str) -> Decision:
             state, Phase.SUCCEEDED, ActionType.FINISH, f"target speedup {limits.target_speedup}x reached"
         )
     if state.round >= limits.max_rounds:
-        if best is None and state.replans < limits.max_replans:
-            return _replan(state, reason or "no candidate verified")
+        # The rounds asked for are the rounds run: a re-plan happens within them, never after the last.
         return _finish_or_fail(state, f"{limits.max_rounds} optimize rounds done")
     if best is not None and stale >= limits.stagnation_rounds:
         return _end(state, Phase.SUCCEEDED, ActionType.FINISH, f"no improvement in {stale} rounds")
@@ -234,7 +233,14 @@ def _close_round(state: LoopState, reason: str) -> Decision:
 
 def _replan(state: LoopState, reason: str) -> Decision:
     new = dataclasses.replace(
-        state, phase=Phase.PLANNING, round=state.round + 1, replans=state.replans + 1, results=(), base=None
+        state,
+        phase=Phase.PLANNING,
+        round=state.round + 1,
+        replans=state.replans + 1,
+        results=(),
+        base=None,
+        # Shown as the job's status while it plans again, so a re-plan is never a silent extra round.
+        reason=f"re-planning for round {state.round + 1} ({state.replans + 1} of {state.limits.max_replans}): {reason}",
     )
     return Decision(new, (Action(ActionType.PLAN, round=new.round, reason=reason),))
 

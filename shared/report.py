@@ -123,6 +123,7 @@ def build(
         "best": details.get(best_id),
         "best_row": next((r for r in rows if f"r{r['round']}c{r['index']}" == best_id), None),
         "rounds": rows,
+        "replans": int(job.status.replans),
         "last_rejection": None if best_id else next(reversed(details.values()), None),
         "plan": plan,
     }  # fmt: skip

@@ -140,14 +140,30 @@ def test_two_failed_rounds_replan_then_fail():
     assert s.phase is Phase.FAILED and acts[-1][0].type is ActionType.FAIL
 
 
-def test_last_round_without_success_replans_once():
+def test_the_rounds_asked_for_are_the_rounds_run():
+    # --rounds 0: one round; its rejection ends the job, no re-plan after the last round
     s, acts = run(
         start(Limits(max_rounds=0, max_replans=1)).state,
         PLAN_READY,
         Event(EventType.CANDIDATES_READY, count=1),
         verdict(0, accepted=False),
     )
-    assert acts[-1][0].type is ActionType.PLAN
+    assert acts[-1][0].type is ActionType.FAIL and s.round == 0 and s.replans == 0
+    assert "0 optimize rounds done" in acts[-1][0].reason
+
+
+def test_two_failed_rounds_replan_within_the_budget():
+    s, acts = run(
+        start(Limits(max_rounds=2, max_replans=1)).state,
+        PLAN_READY,
+        Event(EventType.CANDIDATES_READY, count=1),
+        verdict(0, accepted=False),
+        Event(EventType.CANDIDATES_READY, round=1, count=1),
+        verdict(1, accepted=False),
+    )
+    (action,) = acts[-1]
+    assert action.type is ActionType.PLAN and action.round == 2 and s.replans == 1
+    assert s.reason.startswith("re-planning for round 2 (1 of 1)")
 
 
 def test_coder_failure_closes_the_round_and_generates_again():

@@ -225,9 +225,10 @@ def test_cancel_drops_queued_work():
 
 
 def test_replan_stores_a_new_plan_and_codes_from_it():
-    h = Harness([0, 1.5])
-    job = h.run(rounds=0, max_replans=1)
-    assert [r.plan_key.rsplit("/", 1)[-1] for r in h.coder_requests] == ["plan-0.pb", "plan-1.pb"]
+    h = Harness([0, 0, 1.5])
+    job = h.run(rounds=2, max_replans=1)
+    keys = [r.plan_key.rsplit("/", 1)[-1] for r in h.coder_requests]
+    assert keys == ["plan-0.pb", "plan-0.pb", "plan-1.pb"]
     assert all(h.artifacts.exists(r.plan_key) for r in h.coder_requests)
     assert job.status.replans == 1 and job.status.state == jobs_pb2.JOB_STATE_SUCCEEDED
 
