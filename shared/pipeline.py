@@ -240,7 +240,10 @@ def _replan(state: LoopState, reason: str) -> Decision:
         results=(),
         base=None,
         # Shown as the job's status while it plans again, so a re-plan is never a silent extra round.
-        reason=f"re-planning for round {state.round + 1} ({state.replans + 1} of {state.limits.max_replans}): {reason}",
+        reason=(
+            f"re-planning for round {state.round + 1} "
+            f"({state.replans + 1} of {state.limits.max_replans}): {reason}"
+        ),
     )
     return Decision(new, (Action(ActionType.PLAN, round=new.round, reason=reason),))
 
