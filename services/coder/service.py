@@ -21,6 +21,7 @@ from stitchcuda.coder.synth.trace import TraceError
 from stitchcuda.coder.synth.variants import Variant, next_variants, tried_signatures
 from stitchcuda.shared import devices
 from stitchcuda.shared.errors import InvalidRequest
+from stitchcuda.shared.isolation import Isolation
 from stitchcuda.shared.policy import KernelPolicy
 
 log = logging.getLogger("stitchcuda.coder")
@@ -60,7 +61,10 @@ class CoderService:
         self.settings = settings or CoderSettings()
         self._llm = llm
         self._retriever = retriever
-        self.synthesizer = synthesizer or Synthesizer(trace_timeout_s=self.settings.trace_timeout_s)
+        self.synthesizer = synthesizer or Synthesizer(
+            trace_timeout_s=self.settings.trace_timeout_s,
+            isolation=Isolation(mode=self.settings.trace_sandbox, memory_mb=self.settings.trace_memory_mb),
+        )
         self.default_variant = Variant.from_map(_parse_variant(self.settings.synth_variant))
 
     # ---- ports ---------------------------------------------------------------------------------------

@@ -51,6 +51,10 @@ class CoderSettings(CommonSettings):
 
     # ---- built-in synthesizer ----
     trace_timeout_s: float = _env("trace_timeout_s", default=300.0, gt=0)
+    # The reference is traced in its own process through stitchcuda.shared.isolation: "auto" uses
+    # bubblewrap (no network, read-only system) where it works; the address-space limit is in MiB.
+    trace_sandbox: Literal["auto", "bwrap", "none"] = _env("trace_sandbox", default="auto")
+    trace_memory_mb: int = _env("trace_memory_mb", default=8192, ge=0)
     # Default variant knobs ("key=value,key=value", see stitchcuda.coder.synth.variants.CHOICES).
     synth_variant: str = _env("synth_variant", default="")
 

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 import json
-import os
-import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -19,22 +14,10 @@ from pydantic import BaseModel, ValidationError
 
 from stitchcuda.planner.analysis import Analysis, CompileResult, EagerResult, RunResult
 from stitchcuda.planner.settings import PlannerSettings
+from stitchcuda.shared.isolation import Isolation, kill_group
 
 HARNESS = Path(__file__).with_name("harness.py")
-# Variables the reference process may see; everything else (credentials, tokens) stays out.
-PASSED_ENV = (
-    "PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME",
-    "NVIDIA_VISIBLE_DEVICES", "STITCHCUDA_SIZE", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-    "TORCH_CUDA_ARCH_LIST", "CC", "CXX",
-)  # fmt: skip
 POLL_S = 0.05
-# Sets the limits inside the child, then runs the harness in the same process (no preexec_fn: it is
-# unsafe when the Planner runs in a threaded server).
-LAUNCH = (
-    "import resource, runpy, sys; m = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_CORE, (0, 0)); "
-    "m and resource.setrlimit(resource.RLIMIT_AS, (m, m)); sys.argv = sys.argv[2:]; "
-    "runpy.run_path(sys.argv[0], run_name='__main__')"
-)
 Report = TypeVar("Report", bound=BaseModel)
 
 
@@ -54,49 +37,16 @@ class Outcome:
     stage: str = ""  # the last stage the harness reached
 
 
-@functools.cache
-def bwrap_works(cuda: bool) -> bool:
-    """Whether bubblewrap can start a network-less, read-only sandbox on this machine."""
-    exe = shutil.which("bwrap")
-    if exe is None:
-        return False
-    with tempfile.TemporaryDirectory() as work:
-        cmd = [*_bwrap_prefix(exe, Path(work), cuda), sys.executable, "-I", "-c", "pass"]
-        try:
-            return subprocess.run(cmd, capture_output=True, timeout=30, check=False).returncode == 0
-        except (OSError, subprocess.SubprocessError):
-            return False
-
-
-def _bwrap_prefix(exe: str, work: Path, cuda: bool) -> list[str]:
-    devices = ["--dev-bind", "/dev", "/dev"] if cuda else ["--dev", "/dev"]
-    return [
-        exe, "--die-with-parent", "--unshare-net", "--unshare-ipc", "--ro-bind", "/", "/", *devices,
-        "--proc", "/proc", "--bind", str(work), str(work), "--chdir", str(work), "--",
-    ]  # fmt: skip
-
-
 class ReferenceRunner:
     """One harness process per call; the reference never runs in the Planner's own process."""
 
     def __init__(self, settings: PlannerSettings) -> None:
         self.settings = settings
 
-    def _command(self, work: Path, request: Path, device: str) -> list[str]:
-        memory = self.settings.subprocess_memory_mb << 20 if device == "cpu" else 0
-        base = [sys.executable, "-I", "-c", LAUNCH, str(memory), str(HARNESS), str(request)]
-        mode = self.settings.sandbox
-        cuda = device == "cuda"
-        exe = shutil.which("bwrap")
-        if mode == "bwrap" or (mode == "auto" and exe is not None and bwrap_works(cuda)):
-            return [*_bwrap_prefix(exe or "bwrap", work, cuda), *base]
-        return base
-
-    def _env(self, work: Path) -> dict[str, str]:
-        env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
-        env.update(HOME=str(work), TMPDIR=str(work), TORCHINDUCTOR_CACHE_DIR=str(work / "inductor"))
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
-        return env
+    @property
+    def isolation(self) -> Isolation:
+        """The shared launcher for untrusted code (stitchcuda.shared.isolation) with this service's limits."""
+        return Isolation(mode=self.settings.sandbox, memory_mb=self.settings.subprocess_memory_mb)
 
     def plan(self, source: str, *, device: str, run: bool, profile: bool) -> Outcome:
         """Analysis on the meta device, then (when it fits and `run`) a real forward and its profile."""
@@ -149,7 +99,7 @@ class ReferenceRunner:
         request = {**request, "reference": str(reference), "out_dir": str(work)}
         request_path = work / "request.json"
         request_path.write_text(json.dumps(request))
-        cmd = [*prefix, *self._command(work, request_path, device)]
+        cmd = [*prefix, *self.isolation.command(HARNESS, [str(request_path)], work, device)]
         outcome = Outcome()
         start = time.monotonic()
         stderr_path = work / "stderr.txt"
@@ -157,7 +107,7 @@ class ReferenceRunner:
             proc = subprocess.Popen(
                 cmd,
                 cwd=work,
-                env=self._env(work),
+                env=self.isolation.env(work),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
@@ -167,7 +117,7 @@ class ReferenceRunner:
                 outcome.timed_out = self._wait(proc, work, deadlines)
             finally:
                 if proc.poll() is None:
-                    _kill_group(proc)
+                    kill_group(proc)
         outcome.returncode = proc.returncode
         outcome.wall_s = time.monotonic() - start
         stage = work / "stage"
@@ -196,14 +146,6 @@ class ReferenceRunner:
         except subprocess.TimeoutExpired:
             pass
         return ""
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 def _read(path: Path, model: type[Report], outcome: Outcome) -> Report | None:

@@ -18,6 +18,7 @@ from stitchcuda.coder.synth.runtime import HEADER, HEADER_NAME
 from stitchcuda.coder.synth.trace import Trace, run_trace, trace_from_json
 from stitchcuda.coder.synth.variants import Variant
 from stitchcuda.shared.candidate import ENTRY, validate
+from stitchcuda.shared.isolation import Isolation
 from stitchcuda.shared.policy import KernelPolicy
 
 
@@ -65,10 +66,13 @@ def target_of(plan: plan_pb2.Plan | None, device: str | None = None) -> str:
 
 
 class Synthesizer:
-    def __init__(self, *, trace_timeout_s: float = 300.0, in_process: bool = False) -> None:
+    def __init__(
+        self, *, trace_timeout_s: float = 300.0, in_process: bool = False, isolation: Isolation | None = None
+    ) -> None:
         """in_process=True traces in this interpreter (tests with trusted references only: the reference
-        then runs here and reseeds torch's global RNG); the default is a fresh subprocess per trace."""
+        then runs here and reseeds torch's global RNG); the default is a fresh isolated process per trace."""
         self.trace_timeout_s = trace_timeout_s
+        self.isolation = isolation or Isolation()
         self.in_process = in_process
         self._traces = _TraceCache()
 
@@ -87,7 +91,12 @@ class Synthesizer:
 
             traced = trace_from_json(trace_worker.safe_trace(reference_source, init_source))
         else:
-            traced = run_trace(reference_source, init_source=init_source, timeout_s=self.trace_timeout_s)
+            traced = run_trace(
+                reference_source,
+                init_source=init_source,
+                timeout_s=self.trace_timeout_s,
+                isolation=self.isolation,
+            )
         check = traced.init_check or {}
         if not check.get("ok", False):
             raise Unsupported(

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stitchcuda.shared.errors import ProblemError
+from stitchcuda.shared.isolation import Isolation
+from stitchcuda.shared.isolation import run as run_isolated
 
 WORKER = Path(__file__).with_name("trace_worker.py")
 
@@ -51,30 +50,44 @@ class Trace:
         self.by_name = {n.name: n for n in self.nodes}
 
 
-def run_trace(source: str, *, init_source: str | None = None, timeout_s: float = 120.0) -> Trace:
-    """Executes the reference in a fresh `python -I` process; nothing it does reaches this process."""
-    request = json.dumps({"source": source, "init_source": init_source})
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STITCH_", "OPENAI", "AWS_"))}
-    env["OMP_NUM_THREADS"] = "1"
+def run_trace(
+    source: str,
+    *,
+    init_source: str | None = None,
+    timeout_s: float = 120.0,
+    isolation: Isolation | None = None,
+) -> Trace:
+    """Executes the reference in its own isolated process (stitchcuda.shared.isolation: no network, the
+    system read-only, a clean environment, a memory limit); nothing it does reaches this process."""
+    isolation = isolation or Isolation()
+    request = json.dumps({"source": source, "init_source": init_source}).encode()
     with tempfile.TemporaryDirectory(prefix="stitch-trace-") as tmp:
-        out = Path(tmp) / "trace.json"
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-I", str(WORKER), str(out)],
-                input=request,
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                cwd=tmp,
-                env=env,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise TraceError(f"tracing the reference took longer than {timeout_s:.0f} s") from exc
+        work = Path(tmp)
+        out = work / "trace.json"
+        done = run_isolated(
+            isolation,
+            WORKER,
+            [str(out)],
+            work,
+            timeout_s=timeout_s,
+            stdin=request,
+            env=isolation.env(work, OMP_NUM_THREADS="1"),
+        )
+        if done.timed_out:
+            raise TraceError(f"tracing the reference took longer than {timeout_s:.0f} s")
         if not out.is_file():
-            tail = (proc.stderr or "").strip().splitlines()[-3:]
-            raise TraceError(f"the tracing process died (exit {proc.returncode}): {' | '.join(tail)}")
+            tail = done.stderr.strip().splitlines()[-3:]
+            if any("MemoryError" in line for line in tail):
+                raise TraceError(
+                    f"tracing the reference ran out of memory (limit {isolation.memory_mb} MiB): {tail[-1]}"
+                )
+            raise TraceError(f"the tracing process died (exit {done.returncode}): {' | '.join(tail)}")
         data = json.loads(out.read_text())
+    if not data.get("ok") and "MemoryError" in str(data.get("error", "")):
+        raise TraceError(
+            f"tracing the reference ran out of memory (limit {isolation.memory_mb} MiB)"
+            f"{' at ' + str(data['where']) if data.get('where') else ''}"
+        )
     return trace_from_json(data)
 
 
