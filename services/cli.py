@@ -127,7 +127,7 @@ def optimize(
     first_line = job.status.message.splitlines()[0] if job.status.message else ""
     if job.status.state == jobs_pb2.JOB_STATE_FAILED and _is_reference_error(job):
         shutil.rmtree(staging, ignore_errors=True)
-        raise _fail(first_line)
+        raise _fail(f"{first_line} (error code {job.status.error_code})")
     _write_out(platform, job, out)
     shutil.rmtree(staging, ignore_errors=True)
     if job.status.state != jobs_pb2.JOB_STATE_SUCCEEDED:
@@ -144,7 +144,13 @@ def optimize(
 
 def _is_reference_error(job: Any) -> bool:
     """A job that failed because the reference itself is broken (the planner said so), not the candidates."""
-    return bool(job.status.error_code == "invalid_problem")
+    return job.status.error_code in REFERENCE_ERRORS
+
+
+# Error codes of a job whose reference is at fault (malformed, loops or hangs, runs out of memory, crashes).
+REFERENCE_ERRORS = frozenset(
+    {"invalid_problem", "reference_timeout", "reference_out_of_memory", "reference_crashed"}
+)
 
 
 def _write_out(platform: Any, job: Any, out: Path) -> None:

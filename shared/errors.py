@@ -22,9 +22,17 @@ class InvalidRequest(StitchError):
 
 
 class ProblemError(InvalidRequest):
-    """The reference program is malformed: does not import, lacks Model/get_inputs, or fails on its inputs."""
+    """The reference program is malformed: does not import, lacks Model/get_inputs, or fails on its inputs.
+
+    `error_code` names how, where that is known: reference_timeout (it loops or hangs),
+    reference_out_of_memory, reference_crashed (it raised, or its process died)."""
 
     code = "invalid_problem"
+
+    def __init__(self, message: str, *, detail: str = "", error_code: str = "") -> None:
+        super().__init__(message, detail=detail)
+        if error_code:
+            self.code = error_code
 
 
 class HarnessError(StitchError):

@@ -124,6 +124,7 @@ def build(
         "best_row": next((r for r in rows if f"r{r['round']}c{r['index']}" == best_id), None),
         "rounds": rows,
         "replans": int(job.status.replans),
+        "error_code": job.status.error_code,
         "last_rejection": None if best_id else next(reversed(details.values()), None),
         "plan": plan,
     }  # fmt: skip

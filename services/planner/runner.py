@@ -6,6 +6,7 @@ import json
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,6 +20,7 @@ from stitchcuda.shared.isolation import Isolation, kill_group
 HARNESS = Path(__file__).with_name("harness.py")
 POLL_S = 0.05
 Report = TypeVar("Report", bound=BaseModel)
+Budget = float | Callable[[Path], float]
 
 
 @dataclass
@@ -42,6 +44,7 @@ class ReferenceRunner:
 
     def __init__(self, settings: PlannerSettings) -> None:
         self.settings = settings
+        self.last_run_budget = settings.profile_timeout_s
 
     @property
     def isolation(self) -> Isolation:
@@ -56,9 +59,9 @@ class ReferenceRunner:
             "max_real_bytes": s.max_real_bytes, "warmup": s.profile_warmup, "iters": s.profile_iters,
             "op_iters": s.profile_op_iters, "seed": s.seed,
         }  # fmt: skip
-        deadlines = [("analysis.json", s.analysis_timeout_s)]
+        deadlines: list[tuple[str, Budget]] = [("analysis.json", s.analysis_timeout_s)]
         if run:
-            deadlines.append(("run.json", s.profile_timeout_s))
+            deadlines.append(("run.json", self.run_budget))
         return self._execute(source, request, device, deadlines)
 
     def compile(self, source: str, *, device: str) -> Outcome:
@@ -79,7 +82,7 @@ class ReferenceRunner:
         }
 
     def _execute(
-        self, source: str, request: dict[str, Any], device: str, deadlines: list[tuple[str, float]]
+        self, source: str, request: dict[str, Any], device: str, deadlines: list[tuple[str, Budget]]
     ) -> Outcome:
         with tempfile.TemporaryDirectory(prefix="stitch-plan-") as tmp:
             return self.execute_in(Path(tmp), source, request, device, deadlines, [])
@@ -90,7 +93,7 @@ class ReferenceRunner:
         source: str,
         request: dict[str, Any],
         device: str,
-        deadlines: list[tuple[str, float]],
+        deadlines: list[tuple[str, Budget]],
         prefix: list[str],
     ) -> Outcome:
         """Runs the harness in `work` (the caller owns the folder: nsys writes its report there)."""
@@ -129,11 +132,24 @@ class ReferenceRunner:
         outcome.eager = _read(work / "eager.json", EagerResult, outcome)
         return outcome
 
+    def run_budget(self, work: Path) -> float:
+        """Seconds the real run (forward, timing, profile) may take, from the analysis's FLOPs: a forward
+        that loops or hangs is stopped in seconds, a large honest one gets up to profile_timeout_s."""
+        s = self.settings
+        analysis = _read(work / "analysis.json", Analysis, Outcome())
+        flops = float(analysis.eager_flops or 0.0) if analysis is not None else 0.0
+        calls = 2 + s.profile_warmup + s.profile_iters + s.profile_op_iters
+        estimate = calls * flops / s.slowest_flops_per_s
+        self.last_run_budget = min(s.profile_timeout_s, max(s.min_run_timeout_s, 3.0 * estimate))
+        return self.last_run_budget
+
     @staticmethod
-    def _wait(proc: subprocess.Popen[bytes], work: Path, deadlines: list[tuple[str, float]]) -> str:
-        """Waits phase by phase: each report file must appear before its own deadline."""
+    def _wait(proc: subprocess.Popen[bytes], work: Path, deadlines: list[tuple[str, Budget]]) -> str:
+        """Waits phase by phase: each report file must appear before its own deadline (a number of
+        seconds, or a function of the work folder evaluated when the phase starts)."""
         for report, budget in deadlines:
-            deadline = time.monotonic() + budget
+            seconds = budget(work) if callable(budget) else budget
+            deadline = time.monotonic() + seconds
             while not (work / report).exists():
                 if proc.poll() is not None:
                     return ""

@@ -29,9 +29,13 @@ STAGES = {
     "inputs": "get_inputs() fails",
     "forward": "reference fails on its own inputs",
     "run.forward": "reference fails on its own inputs",
+    "capture.fx": "tracing the forward (its Python runs)",
 }
 # Stages in which only the reference's own code runs: a timeout or crash there is the reference's.
-REFERENCE_STAGES = frozenset({"import", "init_inputs", "model", "inputs", "forward", "run.forward"})
+# An fx trace runs the forward's Python too: a forward that loops forever hangs it.
+REFERENCE_STAGES = frozenset(
+    {"import", "init_inputs", "model", "inputs", "forward", "run.forward", "capture.fx"}
+)
 
 
 def problem_error(name: str, failure: FailureInfo, device: str = "") -> ProblemError:
@@ -41,7 +45,11 @@ def problem_error(name: str, failure: FailureInfo, device: str = "") -> ProblemE
     if failure.stage == "run.forward" and device:
         what += f" on {device}"
     where = f"line {failure.line}: " if failure.line else ""
-    return ProblemError(f"{name}: {what}: {where}{failure.type}: {failure.message}")
+    memory = failure.type in ("MemoryError", "OutOfMemoryError") or "out of memory" in failure.message
+    return ProblemError(
+        f"{name}: {what}: {where}{failure.type}: {failure.message}",
+        error_code="reference_out_of_memory" if memory else "reference_crashed",
+    )
 
 
 class PlannerService:
@@ -108,12 +116,15 @@ class PlannerService:
         stage = outcome.timed_out or outcome.stage
         if outcome.timed_out and stage in REFERENCE_STAGES:
             raise ProblemError(
-                f"{name}: {STAGES.get(stage, stage)}: did not finish within "
-                f"{self.settings.analysis_timeout_s:g} s"
+                f"{name}: the reference did not finish in {stage} ({STAGES.get(stage, stage)}) within "
+                f"{self.settings.analysis_timeout_s:g} s: it loops or hangs",
+                error_code="reference_timeout",
             )
         if analysis is None and outcome.returncode not in (0, None) and stage in REFERENCE_STAGES:
             raise ProblemError(
-                f"{name}: the reference crashed during {stage} (exit status {outcome.returncode})"
+                f"{name}: the reference crashed during {stage} (exit status {outcome.returncode})",
+                detail=outcome.stderr[-2000:],
+                error_code="reference_crashed",
             )
         why = (
             f"analysis timed out in {stage}"
@@ -146,6 +157,13 @@ class PlannerService:
                 f"inputs and parameters ({size:.2f} GiB) exceed max_real_bytes "
                 f"({self.settings.max_real_bytes / (1 << 30):.2f} GiB): planned on the meta device only, "
                 "not run"
+            )
+        elif outcome.timed_out in REFERENCE_STAGES:
+            # The analysis traced it; its own forward then did not return: nothing downstream can run it.
+            raise ProblemError(
+                f"{name}: the reference's forward did not finish on real inputs within "
+                f"{self.runner.last_run_budget:g} s ({outcome.timed_out}): it loops or hangs",
+                error_code="reference_timeout",
             )
         elif outcome.timed_out:
             warnings.append(

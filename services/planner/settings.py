@@ -27,8 +27,14 @@ class PlannerSettings(CommonSettings):
 
     # The reference runs in a subprocess: each phase has its own deadline, so a slow profile or a slow
     # torch.compile never costs the analysis.
-    analysis_timeout_s: float = _env("analysis_timeout_s", default=180.0, gt=0)
+    # The meta-device analysis runs no real compute: a reference still in it after this long loops or
+    # hangs (in import, get_inputs or the traced forward) and the job ends with reference_timeout.
+    analysis_timeout_s: float = _env("analysis_timeout_s", default=50.0, gt=0)
     profile_timeout_s: float = _env("profile_timeout_s", default=300.0, gt=0)
+    # The real run's deadline: 3x its calls at this slow rate, at least min_run_timeout_s, at most
+    # profile_timeout_s.
+    slowest_flops_per_s: float = _env("slowest_flops_per_s", default=2e9, gt=0)
+    min_run_timeout_s: float = _env("min_run_timeout_s", default=30.0, gt=0)
     compile_timeout_s: float = _env("compile_timeout_s", default=300.0, gt=0)
     # Address-space limit of the subprocess on CPU runs (MiB); 0 = none. A reference that would
     # allocate its 16 GiB inputs then fails fast instead of swapping the machine. Not applied on CUDA

@@ -134,3 +134,38 @@ def test_embedded_optimize_keeps_the_reference_away_from_redis(
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert client.get(key) is None
     assert not marker.exists()
+
+
+LOOPING = MODEL.replace(
+    "        return torch.relu(x) * 2.0", "        while True:\n            x = x + 1\n        return x"
+)
+
+
+@pytest.mark.slow
+def test_embedded_optimize_of_a_reference_that_loops_forever_ends_within_a_minute(tmp_path: Path) -> None:
+    problem = tmp_path / "looping.py"
+    problem.write_text(LOOPING)
+    env = {**os.environ, "STITCH_HOME": str(tmp_path / "home")}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stitchcuda.cli",
+            "optimize",
+            str(problem),
+            "--device",
+            "cpu",
+            "--rounds",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    output = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode != 0
+    assert "it loops or hangs" in output and "(error code reference_timeout)" in output, output[-2000:]
+    assert "coding" not in output  # nothing downstream ran the reference again

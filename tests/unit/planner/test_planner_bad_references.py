@@ -188,5 +188,72 @@ def test_shape_dependent_control_flow_is_captured_with_export(planner: PlannerSe
 def test_a_hanging_import_is_a_timeout_error() -> None:
     slow = PlannerService(fast_settings(analysis_timeout_s=30.0))
     text = HEADER + "while True:\n    pass\n" + GEMM_MISMATCH[len(HEADER) :]
-    with pytest.raises(ProblemError, match="reference does not import: did not finish within 30 s"):
+    with pytest.raises(
+        ProblemError, match=r"did not finish in import \(reference does not import\) within 30 s"
+    ) as err:
         plan(slow, text)
+    assert err.value.code == "reference_timeout"
+
+
+LOOPING_FORWARD = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        while True:
+            x = x + 1
+        return x
+
+
+def get_inputs():
+    return [torch.randn(8, 8)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_forward_that_loops_forever_ends_planning_with_reference_timeout() -> None:
+    planner = PlannerService(fast_settings(analysis_timeout_s=15.0))
+    with pytest.raises(ProblemError, match=r"capture\.fx.*within 15 s: it loops or hangs") as err:
+        plan(planner, LOOPING_FORWARD)
+    assert err.value.code == "reference_timeout"
+
+
+def test_a_data_dependent_endless_loop_is_stopped_on_real_inputs() -> None:
+    # fx and export cannot trace `while x.sum() > -1e30` (the condition needs data); the analysis's own
+    # forward on real tensors then never returns.
+    text = LOOPING_FORWARD.replace("while True:", "while bool(x.sum() > -1e30):")
+    planner = PlannerService(fast_settings(analysis_timeout_s=10.0))
+    with pytest.raises(ProblemError, match=r"did not finish in forward .* within 10 s") as err:
+        plan(planner, text)
+    assert err.value.code == "reference_timeout"
+
+
+def test_an_allocation_storm_is_reference_out_of_memory() -> None:
+    text = (
+        HEADER
+        + "hoard = []\nwhile True:\n    hoard.append(bytearray(1 << 27))\n"
+        + GEMM_MISMATCH[len(HEADER) :]
+    )
+    planner = PlannerService(fast_settings(subprocess_memory_mb=1024))
+    with pytest.raises(ProblemError, match="MemoryError") as err:
+        plan(planner, text)
+    assert err.value.code == "reference_out_of_memory"
+
+
+def test_the_real_runs_deadline_follows_the_problems_flops(tmp_path) -> None:
+    from stitchcuda.planner.analysis import Analysis
+    from stitchcuda.planner.runner import ReferenceRunner
+
+    runner = ReferenceRunner(fast_settings(min_run_timeout_s=5.0, profile_timeout_s=300.0))
+    report = tmp_path / "analysis.json"
+    budgets = []
+    for flops in (0.0, 1e9, 1e12):
+        report.write_text(Analysis(ok=True, eager_flops=flops).model_dump_json())
+        budgets.append(runner.run_budget(tmp_path))
+    # 8 calls (2 checks, 1 warm-up, 3 timed, 2 per-op) at 2 GFLOP/s, three times over, within [5, 300] s
+    assert budgets == [5.0, 12.0, 300.0]
