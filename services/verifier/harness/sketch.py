@@ -59,24 +59,12 @@ def summarize(t: Any, idx: Any, blocks: int, edge: int) -> dict[str, Any]:
     peak = 0.0
     rows = max(1, CHUNK // max(per, 1))
     for r0 in range(0, blocks, rows):
-        part = body[r0 : r0 + rows]
-        if not bool(torch.isfinite(part).all()):
-            counts["nan"] += int(torch.isnan(part).sum())
-            counts["posinf"] += int(torch.isposinf(part).sum())
-            counts["neginf"] += int(torch.isneginf(part).sum())
-            part = torch.where(
-                torch.isfinite(part), part, torch.zeros((), dtype=part.dtype, device=part.device)
-            )
+        part = _finite(body[r0 : r0 + rows], counts)
         norms[r0 : r0 + rows] = torch.linalg.vector_norm(part, dim=1, dtype=torch.float64).cpu()
         if part.numel():
             peak = max(peak, float(part.abs().max()))
-    rest = flat[per * blocks :].double()
+    rest = _finite(flat[per * blocks :].double(), counts)
     if rest.numel():
-        fin = torch.isfinite(rest)
-        counts["nan"] += int(torch.isnan(rest).sum())
-        counts["posinf"] += int(torch.isposinf(rest).sum())
-        counts["neginf"] += int(torch.isneginf(rest).sum())
-        rest = torch.where(fin, rest, torch.zeros((), dtype=rest.dtype, device=rest.device))
         peak = max(peak, float(rest.abs().max()))
     norm = float(torch.sqrt(norms.square().sum() + rest.square().sum().cpu()))
     return {
@@ -92,6 +80,18 @@ def summarize(t: Any, idx: Any, blocks: int, edge: int) -> dict[str, Any]:
         "peak": peak,
         **counts,
     }
+
+
+def _finite(part: Any, counts: dict[str, int]) -> Any:
+    """`part` with NaN/Inf replaced by zeros, adding them to `counts`; `part` itself when all finite."""
+    import torch
+
+    if bool(torch.isfinite(part).all()):
+        return part
+    counts["nan"] += int(torch.isnan(part).sum())
+    counts["posinf"] += int(torch.isposinf(part).sum())
+    counts["neginf"] += int(torch.isneginf(part).sum())
+    return torch.where(torch.isfinite(part), part, torch.zeros((), dtype=part.dtype, device=part.device))
 
 
 def is_summary(x: Any) -> TypeGuard[dict[str, Any]]:
