@@ -6,6 +6,8 @@ naming the failing line; everything else about the reference is data for the can
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -13,6 +15,7 @@ import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -287,3 +290,120 @@ def _out_of_memory(message: str) -> bool:
     return any(
         m in message for m in ("MemoryError", "OutOfMemoryError", "CUDA out of memory", "out of memory")
     )
+
+
+class ReferenceStore:
+    """Reference results on this node's disk, shared by every verifier process of the node.
+
+    A problem's ground truth and baselines (its input sets, float32 and float64 outputs or their summaries,
+    eager and torch.compile timings) are computed once and then serve `reuse` verifications, across jobs,
+    rounds and worker processes, for at most `ttl_s`; then the next verification draws fresh secret inputs.
+    Entries are keyed by the reference's hash, the device and the schedule; each holds its own seeds. One
+    file lock per key makes a second process wait for the first one's run instead of repeating it, and the
+    use count lives beside the data, so every process spends from the same budget. Files larger than
+    `max_bytes` are not kept (a level-1 problem's sets are made again from seeds anyway); the oldest
+    entries go first when the folder outgrows `max_bytes`.
+    """
+
+    def __init__(self, root: Path, *, reuse: int, ttl_s: float, max_bytes: int) -> None:
+        self.root = root
+        self.reuse = reuse
+        self.ttl_s = ttl_s
+        self.max_bytes = max_bytes
+
+    @staticmethod
+    def digest(key: tuple[object, ...]) -> str:
+        return sha256_hex(json.dumps([str(k) for k in key]))[:40]
+
+    def _paths(self, digest: str) -> tuple[Path, Path, Path]:
+        return (
+            self.root / f"{digest}.pt",
+            self.root / f"{digest}.json",
+            self.root / f".{digest}.lock",
+        )
+
+    @contextlib.contextmanager
+    def locked(self, key: tuple[object, ...]) -> Iterator[None]:
+        """Holds the key's file lock: one process runs a missing reference while the others wait."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self._paths(self.digest(key))[2], "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def take(self, key: tuple[object, ...]) -> tuple[str, ReferenceResult | None] | None:
+        """(entry id, the result or None when the caller holds it in memory) for one more use; None if
+        there is no usable entry (missing, spent, expired or unreadable). Call under `locked(key)`."""
+        data, meta_path, _ = self._paths(self.digest(key))
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            return None
+        if int(meta.get("uses", 0)) >= self.reuse or time.time() - float(meta.get("created", 0)) > self.ttl_s:
+            self._drop(data, meta_path)
+            return None
+        meta["uses"] = int(meta["uses"]) + 1
+        self._write_meta(meta_path, meta)
+        return str(meta["entry"]), None if not data.is_file() else self._load(data, meta_path)
+
+    def _load(self, data: Path, meta_path: Path) -> ReferenceResult | None:
+        import torch
+
+        try:
+            ref = torch.load(data, map_location="cpu", weights_only=False)
+        except Exception as exc:  # a torn or foreign file costs one reference run
+            log.warning("reference store entry %s is unreadable (%s); running the reference", data.name, exc)
+            self._drop(data, meta_path)
+            return None
+        return ref if isinstance(ref, ReferenceResult) else None
+
+    def put(self, key: tuple[object, ...], ref: ReferenceResult) -> str:
+        """Stores `ref` (already used once) and returns its entry id. Call under `locked(key)`."""
+        import torch
+
+        entry = secrets.token_hex(8)
+        data, meta_path, _ = self._paths(self.digest(key))
+        self.root.mkdir(parents=True, exist_ok=True)
+        memo, ref.memo = ref.memo, {}
+        tmp = data.with_name(f".{data.name}.{entry}")
+        size = 0
+        try:
+            torch.save(ref, tmp)
+            size = tmp.stat().st_size
+            if size > self.max_bytes:  # counted on disk all the same; only this process holds it
+                log.info("reference %s is not kept on disk: %.1f GiB", str(key[0])[:12], size / GIB)
+                tmp.unlink(missing_ok=True)
+                data.unlink(missing_ok=True)
+                size = 0
+            else:
+                os.replace(tmp, data)
+        except Exception as exc:  # a full disk or an unpicklable result only costs later runs
+            log.warning("could not keep reference %s on disk: %s", str(key[0])[:12], exc)
+            tmp.unlink(missing_ok=True)
+            data.unlink(missing_ok=True)
+            size = 0
+        finally:
+            ref.memo = memo
+        self._write_meta(meta_path, {"entry": entry, "created": time.time(), "uses": ref.uses, "bytes": size})
+        self._evict()
+        return entry
+
+    def _write_meta(self, path: Path, meta: dict[str, Any]) -> None:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, path)
+
+    def _drop(self, data: Path, meta_path: Path) -> None:
+        data.unlink(missing_ok=True)
+        meta_path.unlink(missing_ok=True)
+
+    def _evict(self) -> None:
+        entries = sorted(self.root.glob("*.pt"), key=lambda p: p.stat().st_mtime)
+        total = sum(p.stat().st_size for p in entries)
+        for path in entries:
+            if total <= self.max_bytes:
+                break
+            total -= path.stat().st_size
+            self._drop(path, path.with_suffix(".json"))

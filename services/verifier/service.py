@@ -8,6 +8,7 @@ itself is broken, and Unavailable when the device cannot be used.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -26,7 +27,7 @@ from stitchcuda.verifier.accounting import Accounting
 from stitchcuda.verifier.build import Builder
 from stitchcuda.verifier.evaluate import FindingList, Policy
 from stitchcuda.verifier.probes import build_plan
-from stitchcuda.verifier.reference import ReferenceResult, ReferenceRunner
+from stitchcuda.verifier.reference import ReferenceResult, ReferenceRunner, ReferenceStore
 from stitchcuda.verifier.runner import CandidateRun, CandidateRunner, transfer_bytes
 from stitchcuda.verifier.sandbox import Sandbox
 from stitchcuda.verifier.settings import VerifierSettings
@@ -57,7 +58,19 @@ class VerifierService:
         self.builder = Builder(self.settings, store, self.sandbox)
         self.references = ReferenceRunner(self.settings, self.sandbox)
         self.candidates = CandidateRunner(self.settings, self.sandbox)
-        self._refs: dict[tuple[object, ...], ReferenceResult] = {}
+        # Per key: (the node store's entry id, or '' without a store; the result).
+        self._refs: dict[tuple[object, ...], tuple[str, ReferenceResult]] = {}
+        store_bytes = int(self.settings.reference_store_gb * (1 << 30))
+        self.reference_store = (
+            ReferenceStore(
+                self.settings.state_root() / "references",
+                reuse=self.settings.reference_reuse,
+                ttl_s=self.settings.reference_ttl_s,
+                max_bytes=store_bytes,
+            )
+            if store_bytes > 0
+            else None
+        )
         self._ref_locks: dict[tuple[object, ...], threading.Lock] = {}
         self._lock = threading.Lock()
 
@@ -301,43 +314,57 @@ class VerifierService:
         )
         with self._lock:
             lock = self._ref_locks.setdefault(key, threading.Lock())
-        with lock:
-            now = time.monotonic()
-            cached = self._refs.get(key)
-            if (
-                cached is not None
-                and cached.uses < self.settings.reference_reuse
-                and now - cached.created < self.settings.reference_ttl_s
-            ):
-                cached.uses += 1
-                return cached
-            size = size or limits.ProblemSize()
-            full = build_plan(pol.trials, pol.pool, pol.warmup, pol.iterations)
-            compact = limits.needs_compact(self.settings, device, size, len(full.sets))
-            plan = (
-                build_plan(pol.trials, pol.pool, pol.warmup, pol.iterations, compact=True)
-                if compact
-                else full
-            )
-            if compact:
-                log.info(
-                    "problem of %.2f GiB per input set: the compact schedule (%d input sets, not %d)",
-                    size.per_set / limits.GIB,
-                    len(plan.sets),
-                    len(full.sets),
-                )
-            self.candidates.settle()  # no standby may still be starting while the baseline is timed
-            ref = self.references.run(source, device, plan, compile_baseline=pol.compile_baseline, size=size)
-            ref.uses = 1
+        with lock, self._stored(key):
+            taken = self.reference_store.take(key) if self.reference_store else None
+            held = self._refs.get(key)
+            if taken is not None:  # the node's store counted this use
+                entry, loaded = taken
+                ref = held[1] if held is not None and held[0] == entry else loaded
+                if ref is not None:
+                    ref.uses += 1
+                    self._refs[key] = (entry, ref)
+                    return ref
+            elif held is not None and not self.reference_store:
+                ref = held[1]
+                if ref.uses < self.settings.reference_reuse and time.monotonic() - ref.created < (
+                    self.settings.reference_ttl_s
+                ):
+                    ref.uses += 1
+                    return ref
+            ref = self._run_reference(key, source, device, pol, size)
+            entry = self.reference_store.put(key, ref) if self.reference_store else ""
             with self._lock:
+                now = time.monotonic()
                 self._refs = {
-                    k: v for k, v in self._refs.items() if now - v.created < self.settings.reference_ttl_s
+                    k: v for k, v in self._refs.items() if now - v[1].created < self.settings.reference_ttl_s
                 }
-                self._refs[key] = ref
-            log.info(
-                "reference %s on %s: eager %.4f ms (%.1f s)", key[0][:12], device, ref.eager_ms, ref.seconds
-            )
+                self._refs[key] = (entry, ref)
             return ref
+
+    def _stored(self, key: tuple[object, ...]) -> contextlib.AbstractContextManager[None]:
+        return self.reference_store.locked(key) if self.reference_store else contextlib.nullcontext()
+
+    def _run_reference(
+        self, key: tuple[object, ...], source: str, device: str, pol: Policy, size: limits.ProblemSize | None
+    ) -> ReferenceResult:
+        size = size or limits.ProblemSize()
+        full = build_plan(pol.trials, pol.pool, pol.warmup, pol.iterations)
+        compact = limits.needs_compact(self.settings, device, size, len(full.sets))
+        plan = build_plan(pol.trials, pol.pool, pol.warmup, pol.iterations, compact=True) if compact else full
+        if compact:
+            log.info(
+                "problem of %.2f GiB per input set: the compact schedule (%d input sets, not %d)",
+                size.per_set / limits.GIB,
+                len(plan.sets),
+                len(full.sets),
+            )
+        self.candidates.settle()  # no standby may still be starting while the baseline is timed
+        ref = self.references.run(source, device, plan, compile_baseline=pol.compile_baseline, size=size)
+        ref.uses = 1
+        log.info(
+            "reference %s on %s: eager %.4f ms (%.1f s)", str(key[0])[:12], device, ref.eager_ms, ref.seconds
+        )
+        return ref
 
     def _environment(self, verdict: verify_pb2.Verdict, ref: ReferenceResult | None) -> None:
         env = verdict.environment

@@ -75,8 +75,11 @@ class VerifierSettings(CommonSettings):
     standby_idle_s: float = 900.0
 
     # Reference results (inputs, ground truth, baselines) are reused for a few candidates of one problem.
+    # The count and the age hold across jobs and worker processes of a node: results live on its disk
+    # (state_root()/references, at most reference_store_gb; 0 keeps them in this process only).
     reference_reuse: int = 8
     reference_ttl_s: float = 900.0
+    reference_store_gb: float = 16.0
 
     # Nsight Compute counters for the top custom kernels of accepted GPU candidates (feedback only; a
     # second, short run under ncu). "auto" runs it where ncu exists; off by default as it costs seconds.

@@ -54,6 +54,24 @@ def hostile(key: str, marker: Path) -> str:
     )
 
 
+def optimize(
+    tmp_path: Path, name: str, source: str, *, rounds: int, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """The embedded `stitchcuda optimize` on `source` (CPU), in its own home under `tmp_path`."""
+    problem = tmp_path / name
+    problem.write_text(source)
+    cmd = [sys.executable, "-m", "stitchcuda.cli", "optimize", str(problem), "--device", "cpu"]
+    return subprocess.run(
+        [*cmd, "--rounds", str(rounds)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "STITCH_HOME": str(tmp_path / "home")},
+        cwd=tmp_path,
+        check=False,
+    )
+
+
 @pytest.fixture
 def client() -> redis.Redis:
     c = redis.Redis(host="127.0.0.1", port=6379)
@@ -109,28 +127,7 @@ def test_embedded_optimize_keeps_the_reference_away_from_redis(
     client: redis.Redis, sandboxed: None, tmp_path: Path
 ) -> None:
     key, marker = f"stitch-test-{uuid.uuid4().hex}", tmp_path / "marker"
-    problem = tmp_path / "hostile.py"
-    problem.write_text(hostile(key, marker))
-    env = {**os.environ, "STITCH_HOME": str(tmp_path / "home")}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stitchcuda.cli",
-            "optimize",
-            str(problem),
-            "--device",
-            "cpu",
-            "--rounds",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd=tmp_path,
-        check=False,
-    )
+    done = optimize(tmp_path, "hostile.py", hostile(key, marker), rounds=0, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert client.get(key) is None
     assert not marker.exists()
@@ -143,28 +140,7 @@ LOOPING = MODEL.replace(
 
 @pytest.mark.slow
 def test_embedded_optimize_of_a_reference_that_loops_forever_ends_within_a_minute(tmp_path: Path) -> None:
-    problem = tmp_path / "looping.py"
-    problem.write_text(LOOPING)
-    env = {**os.environ, "STITCH_HOME": str(tmp_path / "home")}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stitchcuda.cli",
-            "optimize",
-            str(problem),
-            "--device",
-            "cpu",
-            "--rounds",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=tmp_path,
-        check=False,
-    )
+    done = optimize(tmp_path, "looping.py", LOOPING, rounds=2, timeout=300)
     output = " ".join((done.stdout + done.stderr).split())
     assert done.returncode != 0
     assert "it loops or hangs" in output and "(error code reference_timeout)" in output, output[-2000:]

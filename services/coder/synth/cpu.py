@@ -21,7 +21,7 @@ from stitchcuda.coder.synth.codegen import (
 )
 from stitchcuda.coder.synth.fusion import Program
 from stitchcuda.coder.synth.ir import Unsupported
-from stitchcuda.coder.synth.runtime import HEADER_NAME
+from stitchcuda.coder.synth.runtime import HEADER_NAME, operator_includes
 from stitchcuda.coder.synth.variants import Variant
 
 # -fno-trapping-math lets the vectorizer if-convert the branch-free math of stitch_runtime.h; it changes
@@ -523,6 +523,9 @@ def emit(program: Program, variant: Variant, ext_name: str) -> tuple[str, list[s
     body = host.body()
     ret, params = host.signature()
     forward = [f"{ret} forward(", "    " + ",\n    ".join(params) + ") {", *indent(body, 2), "}"]
+    helpers = libops.helper_source(host.helpers, "cpu")
+    lstm = rnn.cpu_helper(custom=host.custom) if "lstm" in host.helpers else ""
+    body_text = "\n".join([*kernels.functions, helpers, lstm, *forward])
     source = "\n".join(
         [
             f"// {ext_name}: synthesized by StitchCUDA's built-in coder (CPU backend).",
@@ -530,6 +533,9 @@ def emit(program: Program, variant: Variant, ext_name: str) -> tuple[str, list[s
             f'#include "{HEADER_NAME}"',
             "",
             "#include <ATen/Parallel.h>",
+            "#include <torch/csrc/utils/pybind.h>",
+            "",
+            *operator_includes(body_text),
             "",
             "#include <algorithm>",
             "#include <tuple>",
@@ -539,8 +545,8 @@ def emit(program: Program, variant: Variant, ext_name: str) -> tuple[str, list[s
             "namespace {",
             "",
             "\n\n".join(kernels.functions),
-            libops.helper_source(host.helpers, "cpu"),
-            *([rnn.cpu_helper(custom=host.custom)] if "lstm" in host.helpers else []),
+            helpers,
+            lstm,
             "",
             "}  // namespace",
             "",

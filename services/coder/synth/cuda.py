@@ -5,6 +5,7 @@ the host code with their epilogues fused into these kernels.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +26,7 @@ from stitchcuda.coder.synth.codegen import (
 from stitchcuda.coder.synth.cpu import indent, launch_lines
 from stitchcuda.coder.synth.fusion import Program
 from stitchcuda.coder.synth.ir import Attr, Ref, Unsupported
-from stitchcuda.coder.synth.runtime import HEADER_NAME
+from stitchcuda.coder.synth.runtime import HEADER_NAME, operator_includes
 from stitchcuda.coder.synth.variants import Variant
 
 CFLAGS = ["-O3", "-std=c++17"]
@@ -65,8 +66,8 @@ __device__ __forceinline__ float lane4(const float4& f, int l) {
 
 inline int sm_count() {
   int device = 0, count = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  STITCH_CUDA_CHECK(cudaGetDevice(&device));
+  STITCH_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
   return count;
 }
 
@@ -259,7 +260,7 @@ class CudaKernels:
             "    " + ",\n    ".join(self.launcher_params(info, ["int64_t n", "int64_t cols"])) + ") {",
             *indent(self.desc_fill(info), 2),
             "  if (n == 0) return;",
-            "  auto stream = at::cuda::getCurrentCUDAStream();",
+            "  cudaStream_t stream = stitch::current_stream();",
             f"  const bool vec4 = {vec_cond};",
             "  const int64_t work = vec4 ? (n + 3) / 4 : n;",
             "  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>("
@@ -281,7 +282,7 @@ class CudaKernels:
             f"    {k.name}_kernel<1, int32_t><<<blocks, {block}, 0, stream>>>({narrow});",
             "  else",
             f"    {k.name}_kernel<1, int64_t><<<blocks, {block}, 0, stream>>>({wide});",
-            "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
+            "  STITCH_LAUNCH_CHECK();",
             "}",
         ]
         return "\n".join([*kernel, "", *launcher])
@@ -569,7 +570,7 @@ class CudaKernels:
             "    " + ",\n    ".join(self.launcher_params(info, ["int64_t rows", "int64_t cols"])) + ") {",
             *indent(self.desc_fill(info), 2),
             "  if (rows == 0) return;",
-            "  auto stream = at::cuda::getCurrentCUDAStream();",
+            "  cudaStream_t stream = stitch::current_stream();",
             f"  const bool vec4 = {vec_cond};",
             f"  const int threads = pow2_at_least((cols + (vec4 ? 15 : 3)) / (vec4 ? 16 : 4), 32, {rb});",
         ]
@@ -599,7 +600,7 @@ class CudaKernels:
             f"    {k.name}_kernel<{4 if vec_ok else 1}, false><<<blocks, threads, 0, stream>>>({row_args});",
             "  else",
             f"    {k.name}_kernel<1, false><<<blocks, threads, 0, stream>>>({row_args});",
-            "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
+            "  STITCH_LAUNCH_CHECK();",
             "}",
         ]
         return "\n".join([*main, "", *split_code, "", *launcher])
@@ -707,19 +708,16 @@ class CudaKernels:
         host = [
             f"static void {k.name}_split(",
             "    " + ",\n    ".join(host_params) + ") {",
-            f"  const int64_t bytes = static_cast<int64_t>(rows * splits * sizeof({k.name}_part));",
-            "  const auto byte_opts =",
-            "      at::TensorOptions().dtype(at::kByte).device(at::kCUDA, c10::cuda::current_device());",
-            "  at::Tensor scratch = at::empty({bytes}, byte_opts);",
-            f"  auto* parts = reinterpret_cast<{k.name}_part*>(scratch.data_ptr<uint8_t>());",
+            f"  stitch::Scratch scratch(static_cast<size_t>(rows * splits) * sizeof({k.name}_part), stream);",
+            f"  auto* parts = static_cast<{k.name}_part*>(scratch.ptr);",
             "  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(rows));",
             "  if (vec4)",
             f"    {k.name}_stage1<4><<<grid, threads, 0, stream>>>({', '.join(args)}, parts, splits);",
             "  else",
             f"    {k.name}_stage1<1><<<grid, threads, 0, stream>>>({', '.join(args)}, parts, splits);",
-            "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
+            "  STITCH_LAUNCH_CHECK();",
             f"  {k.name}_stage2<<<static_cast<unsigned>(rows), 256, 0, stream>>>({joined}, parts, splits);",
-            "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
+            "  STITCH_LAUNCH_CHECK();",
             "}",
         ]
         return [*stage1, "", *stage2, "", *host]
@@ -820,12 +818,12 @@ class CudaKernels:
             "    " + ",\n    ".join(self.launcher_params(info, lextra)) + ") {",
             *indent(self.desc_fill(info), 2),
             "  if (rows == 0) return;",
-            "  auto stream = at::cuda::getCurrentCUDAStream();",
+            "  cudaStream_t stream = stitch::current_stream();",
             "  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>("
             f"(rows + {block - 1}) / {block}, "
             f"static_cast<int64_t>(sm_count()) * {max(2048 // block, 1)}));",
             f"  {k.name}_kernel<<<blocks, {block}, 0, stream>>>({', '.join(self.call_args(info, cextra))});",
-            "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
+            "  STITCH_LAUNCH_CHECK();",
             "}",
         ]
         return "\n".join([*kernel, "", *launcher])
@@ -865,12 +863,12 @@ class CudaKernels:
             "    " + ",\n    ".join(self.launcher_params(info, ["int64_t total", *lsizes])) + ") {",
             *indent(self.desc_fill(info), 2),
             "  if (total == 0) return;",
-            "  auto stream = at::cuda::getCurrentCUDAStream();",
+            "  cudaStream_t stream = stitch::current_stream();",
             "  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>("
             f"(total + {block - 1}) / {block}, "
             f"static_cast<int64_t>(sm_count()) * {max(2048 // block, 1)}));",
             f"  {k.name}_kernel<<<blocks, {block}, 0, stream>>>({pool_args});",
-            "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
+            "  STITCH_LAUNCH_CHECK();",
             "}",
         ]
         return "\n".join([*kernel, "", *launcher])
@@ -886,35 +884,159 @@ class CudaKernels:
         return launch_lines(info, host, backend="cuda")
 
 
-def emit(program: Program, variant: Variant, ext_name: str) -> tuple[str, list[str], list[str], list[str]]:
-    """(forward.cu source, cflags, cuda_cflags, ldflags) for the CUDA extension."""
+KERNELS_FILE = "kernels.cu"
+HOST_FILE = "forward.cpp"
+
+# Declared in both translation units, defined in the host one: the kernels' file reaches PyTorch's current
+# stream, its caching allocator and its error type only through these, so it includes no torch header.
+BRIDGE = r"""
+namespace stitch {
+cudaStream_t current_stream();
+[[noreturn]] void cuda_fail(cudaError_t err, const char* what, const char* file, int line);
+[[noreturn]] void check_fail(const char* what, const char* file, int line);
+void* scratch_alloc(size_t bytes, cudaStream_t stream);
+void scratch_free(void* ptr);
+// Stream-ordered scratch memory from PyTorch's caching allocator, given back at the end of the scope.
+struct Scratch {
+  void* ptr;
+  Scratch(size_t bytes, cudaStream_t stream) : ptr(scratch_alloc(bytes, stream)) {}
+  ~Scratch() { scratch_free(ptr); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+};
+}  // namespace stitch
+#define STITCH_CUDA_CHECK(expr)                                              \
+  do {                                                                       \
+    const cudaError_t stitch_err_ = (expr);                                  \
+    if (stitch_err_ != cudaSuccess) stitch::cuda_fail(stitch_err_, #expr, __FILE__, __LINE__); \
+  } while (0)
+#define STITCH_LAUNCH_CHECK() STITCH_CUDA_CHECK(cudaGetLastError())
+#define STITCH_CHECK(cond, what) \
+  do {                           \
+    if (!(cond)) stitch::check_fail(what, __FILE__, __LINE__); \
+  } while (0)
+"""
+
+BRIDGE_DEFINITIONS = r"""
+namespace stitch {
+cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
+void cuda_fail(cudaError_t err, const char* what, const char* file, int line) {
+  TORCH_CHECK(false, "CUDA error: ", cudaGetErrorString(err), " in ", what, " (", file, ":", line, ")");
+}
+void check_fail(const char* what, const char* file, int line) {
+  TORCH_CHECK(false, what, " (", file, ":", line, ")");
+}
+void* scratch_alloc(size_t bytes, cudaStream_t stream) {
+  return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, stream);
+}
+void scratch_free(void* ptr) { c10::cuda::CUDACachingAllocator::raw_delete(ptr); }
+}  // namespace stitch
+"""
+
+_LAUNCHER = re.compile(r"^static void (\w+_launch)\(([^)]*)\)\s*\{", re.MULTILINE)
+
+
+def launcher_exports(device_source: str) -> tuple[list[str], list[str]]:
+    """(definitions for the kernels' file, declarations for the host file) of every raw-pointer launcher.
+
+    The launchers stay internal to the kernels' file (an unnamed namespace); each gets an exported
+    forwarder of the same name in namespace stitch_launch, which the host file declares and calls.
+    """
+    definitions, declarations = [], []
+    for m in _LAUNCHER.finditer(device_source):
+        name, params = m.group(1), " ".join(m.group(2).split())
+        args = [re.findall(r"\w+", p)[-1] for p in params.split(",") if p.strip()]
+        definitions.append(f"void {name}({params}) {{ ::{name}({', '.join(args)}); }}")
+        declarations.append(f"void {name}({params});")
+    return definitions, declarations
+
+
+def emit(
+    program: Program, variant: Variant, ext_name: str
+) -> tuple[dict[str, str], list[str], list[str], list[str]]:
+    """({file: source}, cflags, cuda_cflags, ldflags) for the CUDA extension.
+
+    Two translation units: kernels.cu (kernels and raw-pointer launchers, no torch header, so nvcc takes
+    seconds) and forward.cpp (tensor checks, allocation, library calls, forward() and the binding, built by
+    the host compiler with per-operator headers), where one .cu with torch/extension.h took nvcc a minute.
+    """
     kernels = CudaKernels(program, variant)
     host = Host(program, "cuda", kernels.launch, custom_library=variant.gemm == "custom")
     body = host.body()
     ret, params = host.signature()
     forward = [f"{ret} forward(", "    " + ",\n    ".join(params) + ") {", *indent(body, 2), "}"]
-    source = "\n".join(
+    device_code = "\n\n".join(
+        part
+        for part in [
+            DEVICE_HELPERS,
+            "\n\n".join(kernels.functions),
+            libops.device_source(host.helpers, "cuda"),
+            rnn.cuda_device() if "lstm" in host.helpers else "",
+        ]
+        if part.strip()
+    )
+    definitions, declarations = launcher_exports(device_code)
+    device = "\n".join(
         [
-            f"// {ext_name}: synthesized by StitchCUDA's built-in coder (CUDA backend).",
-            "// One extension, one entry point; forward() launches every kernel on the caller's stream.",
+            f"// {ext_name}: synthesized by StitchCUDA's built-in coder (CUDA backend), the kernels.",
+            "// No torch header here: forward.cpp calls the launchers below on PyTorch's current stream.",
             f'#include "{HEADER_NAME}"',
             "",
-            "#include <ATen/cuda/CUDAContext.h>",
-            "#include <c10/cuda/CUDAException.h>",
-            "#include <c10/cuda/CUDAGuard.h>",
             "#include <cuda_runtime.h>",
             "",
             "#include <algorithm>",
-            "#include <tuple>",
-            "",
+            "#include <cstddef>",
+            "#include <cstdint>",
+            BRIDGE,
             "using namespace stitch;",
             "",
             "namespace {",
-            DEVICE_HELPERS,
-            "\n\n".join(kernels.functions),
-            libops.helper_source(host.helpers, "cuda"),
-            *([rnn.cuda_helper(custom=host.custom)] if "lstm" in host.helpers else []),
+            device_code,
             "",
+            "}  // namespace",
+            "",
+            "namespace stitch_launch {",
+            *definitions,
+            "}  // namespace stitch_launch",
+            "",
+        ]
+    )
+    host_code = "\n".join(
+        [
+            libops.host_source(host.helpers, "cuda"),
+            rnn.cuda_host(custom=host.custom) if "lstm" in host.helpers else "",
+            *forward,
+        ]
+    )
+    source = "\n".join(
+        [
+            f"// {ext_name}: synthesized by StitchCUDA's built-in coder (CUDA backend), the host code.",
+            "// One extension, one entry point; forward() launches every kernel on the caller's stream.",
+            f'#include "{HEADER_NAME}"',
+            "",
+            "#include <c10/cuda/CUDACachingAllocator.h>",
+            "#include <c10/cuda/CUDAGuard.h>",
+            "#include <c10/cuda/CUDAStream.h>",
+            "#include <cuda_runtime_api.h>",
+            "#include <torch/csrc/utils/pybind.h>",
+            "",
+            *operator_includes(host_code),
+            "",
+            "#include <algorithm>",
+            "#include <tuple>",
+            "#include <vector>",
+            BRIDGE,
+            BRIDGE_DEFINITIONS,
+            "namespace stitch_launch {",
+            *declarations,
+            "}  // namespace stitch_launch",
+            "",
+            "using namespace stitch;",
+            "using namespace stitch_launch;",
+            "",
+            "namespace {",
+            libops.host_source(host.helpers, "cuda"),
+            rnn.cuda_host(custom=host.custom) if "lstm" in host.helpers else "",
             "}  // namespace",
             "",
             *forward,
@@ -925,7 +1047,8 @@ def emit(program: Program, variant: Variant, ext_name: str) -> tuple[str, list[s
             "",
         ]
     )
-    return source, list(CFLAGS), list(CUDA_CFLAGS), list(LDFLAGS)
+    files = {HOST_FILE: source, KERNELS_FILE: device}
+    return files, list(CFLAGS), list(CUDA_CFLAGS), list(LDFLAGS)
 
 
 __all__ = ["emit", "tensor_var"]

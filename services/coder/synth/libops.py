@@ -246,13 +246,13 @@ static void stitch_gemm_launch(const float* A, const float* B, const float* bias
                                int64_t N, int64_t K, int64_t sAb, int64_t sAm, int64_t sAk, int64_t sBb,
                                int64_t sBk, int64_t sBn) {
   if (batch == 0 || M == 0 || N == 0) return;
-  TORCH_CHECK(batch <= 65535, "custom gemm: batch too large");
+  STITCH_CHECK(batch <= 65535, "custom gemm: batch too large");
   const dim3 grid(static_cast<unsigned>((N + GBN - 1) / GBN), static_cast<unsigned>((M + GBM - 1) / GBM),
                   static_cast<unsigned>(batch));
-  stitch_gemm_kernel<<<grid, 256, 0, at::cuda::getCurrentCUDAStream()>>>(A, B, bias, C, M, N, K, sAb,
+  stitch_gemm_kernel<<<grid, 256, 0, stitch::current_stream()>>>(A, B, bias, C, M, N, K, sAb,
       sAm, sAk,
                                                                            sBb, sBk, sBn);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  STITCH_LAUNCH_CHECK();
 }
 
 // Direct convolution (CUDA): one thread per output element.
@@ -293,11 +293,11 @@ static void stitch_conv2d_launch(const float* x, const float* w, const float* bi
   const int64_t total = N * CO * OH * OW;
   if (total == 0) return;
   const int64_t blocks = std::min<int64_t>((total + 255) / 256, static_cast<int64_t>(sm_count()) * 8);
-  stitch_conv2d_kernel<<<blocks, 256, 0, at::cuda::getCurrentCUDAStream()>>>(x, w, bias, y, N, C, H, W,
+  stitch_conv2d_kernel<<<blocks, 256, 0, stitch::current_stream()>>>(x, w, bias, y, N, C, H, W,
       CO, KH, KW,
                                                                              OH, OW, sh, sw, ph, pw, dh,
                                                                                  dw, groups);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  STITCH_LAUNCH_CHECK();
 }
 """
 
@@ -325,27 +325,44 @@ __global__ void __launch_bounds__(256) stitch_causal_kernel(float* __restrict__ 
   }
 }
 
-// Causal mask of attention scores [..., L, S], in place: -inf where key index > query index.
-static void stitch_causal_fill(at::Tensor& scores) {
-  const int64_t total = scores.numel();
+static void stitch_causal_launch(float* p, int64_t L, int64_t S, int64_t total) {
   if (total == 0) return;
   const int64_t blocks = std::min<int64_t>((total + 255) / 256, static_cast<int64_t>(sm_count()) * 8);
-  stitch_causal_kernel<<<blocks, 256, 0, at::cuda::getCurrentCUDAStream()>>>(scores.data_ptr<float>(),
-      scores.size(-2),
-                                                                            scores.size(-1), total);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  stitch_causal_kernel<<<blocks, 256, 0, stitch::current_stream()>>>(p, L, S, total);
+  STITCH_LAUNCH_CHECK();
+}
+"""
+
+CAUSAL_CUDA_HOST = r"""
+// Causal mask of attention scores [..., L, S], in place: -inf where key index > query index.
+static void stitch_causal_fill(at::Tensor& scores) {
+  stitch_causal_launch(scores.data_ptr<float>(), scores.size(-2), scores.size(-1), scores.numel());
 }
 """
 
 
 def helper_source(helpers: set[str], backend: str) -> str:
-    """The helper functions a program's host code calls, in dependency order."""
+    """The helper functions a program's host code calls, in dependency order (one translation unit: CPU)."""
+    return "\n".join([device_source(helpers, backend), host_source(helpers, backend)]).strip("\n")
+
+
+def device_source(helpers: set[str], backend: str) -> str:
+    """The helpers' kernels and raw-pointer launchers: on CUDA, the torch-free translation unit's part."""
     parts: list[str] = []
     if "custom" in helpers:
         parts.append(CUDA_KERNELS if backend == "cuda" else CPU_KERNELS)
+    if "causal" in helpers and backend == "cuda":
+        parts.append(CAUSAL_CUDA)
+    return "\n".join(parts)
+
+
+def host_source(helpers: set[str], backend: str) -> str:
+    """The helpers that take tensors (library calls, the custom kernels' wrappers): the host part."""
+    parts: list[str] = []
+    if "custom" in helpers:
         parts.append(CUSTOM_WRAPPERS)
     elif "linear" in helpers:
         parts.append(LIBRARY_HELPERS["linear"])
     if "causal" in helpers:
-        parts.append(CAUSAL_CUDA if backend == "cuda" else CAUSAL_CPU)
+        parts.append(CAUSAL_CUDA_HOST if backend == "cuda" else CAUSAL_CPU)
     return "\n".join(parts)

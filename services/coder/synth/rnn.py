@@ -98,30 +98,32 @@ def cpu_helper(*, custom: bool = False) -> str:
     )
 
 
-def cuda_helper(*, custom: bool = False) -> str:
-    return (
-        "\n".join(
-            [
-                "// lstm_cell: one LSTM time step, one thread per (batch, hidden) element.",
-                f"__global__ void __launch_bounds__(256) lstm_cell_kernel({CELL_PARAMS}) {{",
-                "  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;",
-                "       idx < B * H;",
-                "       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {",
-                "    const int64_t b = idx / H;",
-                "    const int64_t j = idx - b * H;",
-                CELL_MATH.rstrip(),
-                "  }",
-                "}",
-                "",
-                f"static void lstm_cell_launch({CELL_PARAMS}) {{",
-                "  const int64_t n = B * H;",
-                "  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, 4096));",
-                "  lstm_cell_kernel<<<blocks, 256, 0, at::cuda::getCurrentCUDAStream()>>>(",
-                "      xp, xp_stride, hh, bhh, c, h, y, y_stride, B, H, first);",
-                "  C10_CUDA_KERNEL_LAUNCH_CHECK();",
-                "}",
-            ]
-        )
-        + "\n"
-        + _loop(custom)
+def cuda_device() -> str:
+    """The LSTM cell kernel and its raw-pointer launcher: the CUDA translation unit's part."""
+    return "\n".join(
+        [
+            "// lstm_cell: one LSTM time step, one thread per (batch, hidden) element.",
+            f"__global__ void __launch_bounds__(256) lstm_cell_kernel({CELL_PARAMS}) {{",
+            "  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;",
+            "       idx < B * H;",
+            "       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {",
+            "    const int64_t b = idx / H;",
+            "    const int64_t j = idx - b * H;",
+            CELL_MATH.rstrip(),
+            "  }",
+            "}",
+            "",
+            f"static void lstm_cell_launch({CELL_PARAMS}) {{",
+            "  const int64_t n = B * H;",
+            "  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, 4096));",
+            "  lstm_cell_kernel<<<blocks, 256, 0, stitch::current_stream()>>>(",
+            "      xp, xp_stride, hh, bhh, c, h, y, y_stride, B, H, first);",
+            "  STITCH_LAUNCH_CHECK();",
+            "}",
+        ]
     )
+
+
+def cuda_host(*, custom: bool = False) -> str:
+    """The LSTM's time loop over the cell launcher: the host translation unit's part."""
+    return _loop(custom)

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 HEADER_NAME = "stitch_runtime.h"
 
 HEADER = r"""// stitch_runtime.h: shared by the host code and the kernels of a synthesized extension.
 #pragma once
-#include <torch/extension.h>
+// The tensor type and the checks only, never torch/extension.h (30-90 s of parsing per translation unit);
+// per-operator headers come with the source that calls them. A CUDA extension's kernels are a translation
+// unit of their own that sees no torch header at all (nvcc defines __CUDACC__ there).
+#if !defined(__CUDACC__)
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Optional.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -188,7 +197,8 @@ STITCH_HD int64_t row_off(const Desc& d, I r) { return seg_off<I>(d.rdiv, d.rmod
 template <typename I>
 STITCH_HD int64_t col_off(const Desc& d, I c) { return seg_off<I>(d.cdiv, d.cmod, d.cstr, d.nc, c); }
 
-// ---- host helpers ----
+#if !defined(__CUDACC__)
+// ---- host helpers (the host translation unit only) ----
 // The broadcast of several shapes (numpy rules), checked.
 inline std::vector<int64_t> broadcast(std::initializer_list<at::IntArrayRef> shapes) {
   size_t rank = 0;
@@ -286,6 +296,30 @@ inline int64_t pool_out(int64_t in, int64_t k, int64_t pad, int64_t stride, int6
 }
 
 inline at::Tensor contiguous_operand(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+#endif  // !__CUDACC__
 
 }  // namespace stitch
 """
+
+
+# `at::` names in host code that are not operators with a header of their own under ATen/ops/.
+_NOT_OPERATORS = frozenset({"parallel_for", "get_num_threads", "IntArrayRef", "Tensor", "TensorOptions"})
+_AT_CALL = re.compile(r"\bat::([a-z_][a-z0-9_]*)\s*\(")
+
+
+def operator_includes(source: str) -> list[str]:
+    """Preprocessor lines that include the per-operator header of every `at::op(` the host code calls.
+
+    Each falls back to ATen/Functions.h (every operator) where a torch lacks that header, so the
+    source builds on any torch; with the headers, the host translation unit parses a small part of ATen.
+    """
+    lines: list[str] = []
+    for name in sorted(set(_AT_CALL.findall(source)) - _NOT_OPERATORS):
+        lines += [
+            f"#if __has_include(<ATen/ops/{name}.h>)",
+            f"#include <ATen/ops/{name}.h>",
+            "#else",
+            "#include <ATen/Functions.h>",
+            "#endif",
+        ]
+    return lines

@@ -133,12 +133,11 @@ class Synthesizer:
         if backend == "cuda":
             from stitchcuda.coder.synth import cuda
 
-            source, cflags, cuda_cflags, ldflags = cuda.emit(program, variant, ext_name)
-            forward_file = "forward.cu"
+            sources, cflags, cuda_cflags, ldflags = cuda.emit(program, variant, ext_name)
         else:
             source, cflags, ldflags = cpu.emit(program, variant, ext_name)
+            sources = {"forward.cpp": source}
             cuda_cflags = []
-            forward_file = "forward.cpp"
         summary = [f"{k.name}: {k.kind} over {', '.join(k.origins)}" for k in program.kernels]
         library = [s.op.fn for s in program.steps if s.op is not None and s.op.kind == "lib"]
         try:
@@ -167,10 +166,10 @@ class Synthesizer:
             doc=doc,
             baked=trace.baked_ints,
         )
-        files = {ENTRY: model_new, HEADER_NAME: HEADER, forward_file: source}
+        files = {ENTRY: model_new, HEADER_NAME: HEADER, **sources}
         build = code_pb2.BuildManifest(
             extension_name=ext_name,
-            sources=[forward_file],
+            sources=list(sources),
             cflags=cflags,
             cuda_cflags=cuda_cflags,
             ldflags=ldflags,

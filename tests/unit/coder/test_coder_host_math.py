@@ -16,6 +16,8 @@ pytestmark = pytest.mark.slow
 
 SOURCE = r"""
 #include "stitch_runtime.h"
+#include <ATen/ops/empty_like.h>
+#include <torch/csrc/utils/pybind.h>
 using namespace stitch;
 STITCH_CPU_CLONES static void run(const float* __restrict__ x, float* __restrict__ e,
                                   float* __restrict__ t, int64_t n) {

@@ -80,7 +80,7 @@ def test_cuda_plan_gives_a_cuda_program(synthesizer: Synthesizer) -> None:
     plan = cpu_plan()
     plan.device = jobs_pb2.DEVICE_CUDA
     (cand,) = service(synthesizer).generate(REFERENCE, plan)
-    assert cand.build.backend == "cuda" and "forward.cu" in [f.path for f in cand.files]
+    assert cand.build.backend == "cuda" and "kernels.cu" in [f.path for f in cand.files]
 
 
 def test_builtin_optimize_reacts_to_the_verdict(synthesizer: Synthesizer) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -99,14 +100,25 @@ def test_cuda_program_for_every_suite_problem(synth: Synthesizer, name: str) -> 
     ref = source(name)
     cand = to_candidate(synth.synthesize(ref, None, variant=Variant(), device="cuda"))
     validate(cand)
-    assert cand.build.backend == "cuda" and list(cand.build.sources) == ["forward.cu"]
+    assert cand.build.backend == "cuda" and list(cand.build.sources) == ["forward.cpp", "kernels.cu"]
     check_model_new(ref, cand)
-    cu = {f.path: f.content for f in cand.files}["forward.cu"]
+    files = {f.path: f.content for f in cand.files}
+    cu, host = files["kernels.cu"], files["forward.cpp"]
     assert "__global__" in cu and "__launch_bounds__" in cu
-    assert "getCurrentCUDAStream" in cu and "C10_CUDA_KERNEL_LAUNCH_CHECK" in cu
+    assert "stitch::current_stream()" in cu and "STITCH_LAUNCH_CHECK" in cu
+    # The kernels' file parses no torch header (nvcc takes seconds, not a minute); the host file no
+    # torch/extension.h, and it launches nothing itself.
+    for heavy in ("#include <torch", "#include <ATen", "#include <c10", "at::Tensor"):
+        assert heavy not in cu
+    assert "torch/extension.h" not in host and "<<<" not in host
+    assert host.count("PYBIND11_MODULE(TORCH_EXTENSION_NAME") == 1
     assert "cudaStreamCreate" not in cu and "getStreamFromPool" not in cu
     for banned in ("__half", "bfloat16", "allow_tf32", "__expf", "use_fast_math"):
         assert banned not in cu
+    # Every launcher the host code declares is one the kernels' file exports.
+    declared = set(re.findall(r"^void (\w+_launch)\(", host.split("namespace stitch_launch {")[1], re.M))
+    exported = set(re.findall(r"^void (\w+_launch)\(", cu.split("namespace stitch_launch {")[1], re.M))
+    assert declared and declared == exported
 
 
 @pytest.mark.parametrize(
@@ -189,7 +201,7 @@ def test_lstm_runs_a_custom_cell_kernel_between_library_gemms(synth: Synthesizer
                 source("14_lstm"), None, variant=Variant(), device=device, policy=KernelPolicy(LIBRARY)
             )
         )
-        text = next(f.content for f in cand.files if f.path.startswith("forward"))
+        text = "\n".join(f.content for f in cand.files if f.path.startswith(("forward", "kernels")))
         assert marker in text and "at::addmm" in text and "at::mm(h, w_hh.t())" in text
 
 

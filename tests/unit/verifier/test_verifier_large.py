@@ -110,7 +110,7 @@ def test_a_large_problem_verifies_on_summaries_and_remade_inputs(
         verdict = service.verify(LARGE_REF, read_dir(FIXTURES / "honest_cpu"), device="cpu", plan=LARGE_PLAN)
         assert verdict.accepted, verdict.feedback
         assert not rejects(verdict)
-        ref = next(iter(service._refs.values()))
+        _entry, ref = next(iter(service._refs.values()))
         assert all(data.inputs is None and sketch.is_summary(data.ref32[0]) for data in ref.sets.values())
         names = {t.name for t in verdict.correctness.trials}
         assert {"trial0", "trial1", "refill", "perturb", "shift", "late"} <= names

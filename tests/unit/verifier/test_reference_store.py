@@ -1,0 +1,132 @@
+"""Reference results on the node's disk: one reference run serves `reference_reuse` verifications across
+jobs and worker processes, within `reference_ttl_s`, and then fresh secret inputs are drawn."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from verifier_support import FIXTURES, REF01
+
+from stitchcuda.verifier.probes import build_plan
+from stitchcuda.verifier.reference import ReferenceResult, ReferenceStore, SetData
+
+
+def result(numel: int = 16) -> ReferenceResult:
+    sets = {
+        "s0": SetData(inputs=[torch.randn(numel)], ref32=[torch.randn(numel)], ref64=None, err_ref32=[0.0])
+    }
+    return ReferenceResult(
+        sha256="ab" * 32, device="cpu", plan=build_plan(3, 2, 1, 3), info={}, init_inputs=[], state={},
+        param_bytes=0, sets=sets, skipped={}, offshape={}, timing={"eager": {"device": {"median": 1.5}}},
+        cost={}, ceilings=None, sandbox="none", seconds=2.0, uses=1,
+    )  # fmt: skip
+
+
+def store(root: Path, **kw: object) -> ReferenceStore:
+    values: dict[str, object] = {"reuse": 3, "ttl_s": 900.0, "max_bytes": 1 << 30}
+    values.update(kw)
+    return ReferenceStore(root, **values)  # type: ignore[arg-type]
+
+
+def test_a_stored_result_serves_its_uses_then_is_spent(tmp_path: Path) -> None:
+    key = ("ab" * 32, "cpu", 3)
+    first, second = store(tmp_path), store(tmp_path)  # two processes' views of one node folder
+    assert first.take(key) is None
+    ref = result()
+    ref.memo[("tolerance",)] = "derived facts are not stored"
+    with first.locked(key):
+        entry = first.put(key, ref)
+    assert ref.memo, "the caller keeps its memo"
+    taken = second.take(key)
+    assert taken is not None and taken[0] == entry
+    loaded = taken[1]
+    assert loaded is not None and loaded.memo == {}
+    assert torch.equal(loaded.sets["s0"].ref32[0], ref.sets["s0"].ref32[0]) and loaded.eager_ms == 1.5
+    assert first.take(key) is not None  # use 3 of 3
+    assert second.take(key) is None, "spent: the next verification draws fresh inputs"
+    assert not list(tmp_path.glob("*.pt"))
+
+
+def test_an_old_entry_is_not_served(tmp_path: Path) -> None:
+    key = ("cd" * 32, "cpu")
+    s = store(tmp_path, ttl_s=60.0)
+    s.put(key, result())
+    meta = next(tmp_path.glob("*.json"))
+    doc = json.loads(meta.read_text())
+    doc["created"] = time.time() - 61
+    meta.write_text(json.dumps(doc))
+    assert s.take(key) is None
+
+
+def test_a_result_too_large_to_keep_is_still_counted(tmp_path: Path) -> None:
+    key = ("ef" * 32, "cuda")
+    s = store(tmp_path, max_bytes=1000)
+    entry = s.put(key, result(numel=10_000))
+    assert not list(tmp_path.glob("*.pt"))
+    assert s.take(key) == (entry, None), "the process that holds it in memory reuses it"
+
+
+def test_an_unreadable_entry_costs_one_reference_run(tmp_path: Path) -> None:
+    key = ("01" * 32, "cpu")
+    s = store(tmp_path)
+    entry = s.put(key, result())
+    next(tmp_path.glob("*.pt")).write_bytes(b"not a torch file")
+    assert s.take(key) == (entry, None)
+    assert not list(tmp_path.glob("*.pt")) and s.take(key) is None
+
+
+def test_the_oldest_entries_go_when_the_folder_is_full(tmp_path: Path) -> None:
+    s = store(tmp_path, max_bytes=1 << 30)
+    s.put(("a",), result(numel=100_000))
+    size = next(tmp_path.glob("*.pt")).stat().st_size
+    s.max_bytes = int(size * 1.5)
+    time.sleep(0.01)
+    s.put(("b",), result(numel=100_000))
+    assert s.take(("a",)) is None, "the oldest entry went"
+    assert s.take(("b",)) is not None and s.take(("b",))[1] is not None
+
+
+VERIFY = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    from stitchcuda.verifier.service import VerifierService
+    from verifier_support import fast_settings
+    svc = VerifierService(fast_settings(Path(sys.argv[1]), reference_reuse=int(sys.argv[4])))
+    runs = []
+    original = svc.references.run
+    svc.references.run = lambda *a, **k: runs.append(1) or original(*a, **k)
+    verdict = svc.verify_dir(Path(sys.argv[2]), Path(sys.argv[3]), device="cpu")
+    print(json.dumps({"accepted": verdict.accepted, "reason": verdict.reason, "reference_runs": len(runs)}))
+    """
+)
+
+
+def verify_in_a_new_process(home: Path, reuse: int) -> dict[str, object]:
+    root = Path(__file__).resolve().parents[3]
+    here = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": here + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run(
+        [sys.executable, "-c", VERIFY, str(home), str(REF01), str(FIXTURES / "honest_cpu"), str(reuse)],
+        capture_output=True, text=True, timeout=600, env=env, cwd=root, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+def test_a_second_worker_process_reuses_the_reference_run_of_the_first(tmp_path: Path) -> None:
+    first = verify_in_a_new_process(tmp_path / "home", reuse=2)
+    assert first == {"accepted": True, "reason": first["reason"], "reference_runs": 1}
+    second = verify_in_a_new_process(tmp_path / "home", reuse=2)
+    assert second["accepted"] and second["reference_runs"] == 0, second
+    third = verify_in_a_new_process(tmp_path / "home", reuse=2)
+    assert third["accepted"] and third["reference_runs"] == 1, "two uses spent: fresh inputs"
