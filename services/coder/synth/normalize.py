@@ -38,7 +38,11 @@ from stitchcuda.coder.synth.trace import Trace, TracedNode
 
 FLOAT_DTYPES = ("float32",)
 
+# Every adaptive pooling module: global ones become reductions, the others window kernels.
+ADAPTIVE_POOL_MODULES = tuple(f"Adaptive{kind}Pool{nd}d" for kind in ("Avg", "Max") for nd in (1, 2, 3))
+
 # Activation modules: class -> (ew fn, [(module attribute, ew parameter)]).
+
 ACTIVATION_MODULES: dict[str, tuple[str, list[str]]] = {
     "ReLU": ("relu", []),
     "ReLU6": ("relu6", []),
@@ -927,6 +931,12 @@ class Normalizer:
         meta = self.meta_value(self.own_id(node), node.meta)
         if meta.kind != "tensor":
             raise Unsupported(f"{node.name}: pooling with indices")
+        if fn.startswith("adaptive") and all(s == 1 for s in attrs["output_size"]):
+            # Global pooling is a reduction over the spatial dims: the row kernels, coalesced and
+            # split across blocks, instead of one thread looping over a whole feature map.
+            rank = len(self.shape_of(x))
+            dims = tuple(range(rank - attrs["nd"], rank))
+            return self.reduce("mean" if "avg" in fn else "amax", x, dims, True, node.name)
         self.g.add_value(meta)
         self.g.add_op(Op(POOL, fn, meta.id, [x], attrs, origin=node.name))
         return Ref(meta.id)
@@ -1183,7 +1193,7 @@ class Normalizer:
             got = {k: ([Const(x) for x in v] if isinstance(v, list) else v) for k, v in got.items()}
             self.define(node, self.pool(node, fn, x, self.pool_attrs(fn, got)))
             return
-        if cls in ("AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d"):
+        if cls in ADAPTIVE_POOL_MODULES:
             fn = "adaptive_" + ("avg" if "Avg" in cls else "max") + "_pool" + cls[-2]
             got = {"output_size": a.get("output_size"), "return_indices": a.get("return_indices")}
             self.define(node, self.pool(node, fn, x, self.pool_attrs(fn, got)))
@@ -1256,7 +1266,8 @@ def _install_view_handlers() -> None:
 
             setattr(Normalizer, f"fn_{name}", handler)
     for name in ("max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
-                 "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_max_pool2d"):  # fmt: skip
+                 "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
+                 "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d"):  # fmt: skip
 
         def pool_handler(
             self: Normalizer, node: TracedNode, args: list[Any], kwargs: dict[str, Any], _n: str = name

@@ -13,6 +13,10 @@ class Model(nn.Module):
         self.ln = nn.LayerNorm(8)
         self.act = nn.LeakyReLU(0.2)
         self.bn = nn.BatchNorm2d(4)
+        self.gap = nn.AdaptiveAvgPool2d(1)  # global pooling: a reduction over the feature map
+        self.gmp = nn.AdaptiveMaxPool1d(1)
+        self.amp = nn.AdaptiveMaxPool1d(5)
+        self.ap3 = nn.AdaptiveAvgPool3d((2, 1, 3))
         with torch.no_grad():
             self.bn.running_mean.uniform_(-0.5, 0.5)
             self.bn.running_var.uniform_(0.5, 1.5)
@@ -39,7 +43,9 @@ class Model(nn.Module):
         t = F.max_pool2d(x, 3, stride=2, padding=1, ceil_mode=True)
         u = torch.log_softmax(x.view(x.size(0), -1), dim=-1)
         v = F.normalize(x, dim=1) + x.std(dim=-1, keepdim=True)
-        return a, b, c, d, e, f, g, h, i, j, n, o, p, q, r, s, t, u, v
+        w = self.gap(x) * 2.0 + self.gmp(x.flatten(2)).unsqueeze(-1)
+        z = self.amp(x.flatten(2)) + self.ap3(x.unsqueeze(1)).flatten(2).sum(dim=-1, keepdim=True)
+        return a, b, c, d, e, f, g, h, i, j, n, o, p, q, r, s, t, u, v, w, z
 
 
 def get_inputs():
