@@ -273,14 +273,21 @@ def run_up(
             "verifier": [python, "-m", "stitchcuda.verifier", "--queues", queues,
                          "--concurrency", str(concurrency)],
         }  # fmt: skip
+        # The gateway serves /metrics on its HTTP port; each worker on a port of its own, said below so
+        # a Prometheus (or a test) knows where to scrape.
+        metrics_urls = {"gateway": f"http://{host}:{http_port}/metrics"}
         for name, command in commands.items():
-            child_env = {**env, "STITCH_METRICS_PORT": str(free_port()) if name != "gateway" else "0"}
+            metrics_port = free_port() if name != "gateway" else 0
+            if metrics_port:
+                metrics_urls[name] = f"http://{host}:{metrics_port}/metrics"
+            child_env = {**env, "STITCH_METRICS_PORT": str(metrics_port)}
             process = subprocess.Popen(command, env=child_env, start_new_session=True)
             children.append(Child(name, process))
+        scrape = "".join(f"  metrics of {name}: {url}\n" for name, url in metrics_urls.items())
         console.print(
             f"[bold]StitchCUDA is up[/]: gRPC {host}:{grpc_port}, "
             f"HTTP http://{host}:{http_port} (docs at /docs)\n"
-            f"  API key of tenant '{tenant}' in {key_path}\n"
+            f"  API key of tenant '{tenant}' in {key_path}\n{scrape}"
             "  try: stitchcuda submit benchmarks/problems/01_elementwise_chain.py "
             f"--gateway {host}:{grpc_port} --device cpu --watch\n  Ctrl-C stops everything."
         )

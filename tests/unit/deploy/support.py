@@ -150,6 +150,21 @@ def promql_selectors(expr: str) -> list[tuple[str, set[str]]]:
     return out
 
 
+_STRING = r"\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'"
+_SELECTOR = re.compile(rf"([A-Za-z_:][A-Za-z0-9_:]*)\s*\{{((?:{_STRING}|[^{{}}\"'])*)\}}")
+_MATCHER = re.compile(rf"([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*({_STRING})")
+
+
+def promql_matchers(expr: str) -> list[tuple[str, str, str, str]]:
+    """(metric, label, operator, value) of every label matcher, the value unquoted."""
+    out: list[tuple[str, str, str, str]] = []
+    for selector in _SELECTOR.finditer(expr):
+        for m in _MATCHER.finditer(selector.group(2)):
+            value = re.sub(r"\\(.)", r"\1", m.group(3)[1:-1])
+            out.append((selector.group(1), m.group(1), m.group(2), value))
+    return out
+
+
 def promql_grouping_labels(expr: str) -> set[str]:
     s = _strip(expr)
     labels: set[str] = set()

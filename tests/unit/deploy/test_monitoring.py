@@ -18,6 +18,7 @@ from .support import (
     load_yaml,
     load_yaml_docs,
     promql_grouping_labels,
+    promql_matchers,
     promql_metric_names,
     promql_selectors,
 )
@@ -45,6 +46,25 @@ def labels_of(series: str) -> set[str]:
     return TARGET_LABELS
 
 
+def closed_values_of(series: str) -> dict[str, frozenset[str]]:
+    for spec in metrics.SPECS:
+        if series in spec.series():
+            return spec.closed_values()
+    return {}
+
+
+def check_matched_values(expr: str, where: str) -> None:
+    """A matcher on a label with a closed set of values must match one of them, or it selects nothing."""
+    for series, label, op, value in promql_matchers(expr):
+        allowed = closed_values_of(series).get(label)
+        if allowed is None or op in ("!=", "!~") or "$" in value:  # a Grafana variable: any value
+            continue
+        matched = [v for v in allowed if (v == value if op == "=" else re.fullmatch(value, v))]
+        assert matched, (
+            f"{where}: {series}{{{label}{op}{value!r}}} matches none of {sorted(allowed)}, so it stays empty"
+        )
+
+
 def check_expr(expr: str, where: str) -> set[str]:
     names = promql_metric_names(expr)
     unknown = names - known_series()
@@ -56,6 +76,7 @@ def check_expr(expr: str, where: str) -> set[str]:
     available = set().union(*(labels_of(n) for n in names)) if names else set()
     grouping = promql_grouping_labels(expr)
     assert grouping <= available, f"{where}: grouping by unknown label(s) {sorted(grouping - available)}"
+    check_matched_values(expr, where)
     return names
 
 
@@ -70,6 +91,10 @@ def test_promql_reader_finds_metrics_and_ignores_labels_functions_and_variables(
     assert promql_metric_names(expr) == {"stitch_stage_seconds_bucket", "up", "foo:bar"}
     assert promql_grouping_labels(expr) == {"le", "stage"}
     assert promql_selectors(expr)[0] == ("stitch_stage_seconds_bucket", {"stage", "x"})
+    assert promql_matchers(expr) == [
+        ("stitch_stage_seconds_bucket", "stage", "=~", "a|b("),
+        ("stitch_stage_seconds_bucket", "x", "=", "}"),
+    ]
     assert grafana_query_metrics("label_values(stitch_jobs_submitted_total, tenant)") == {
         "stitch_jobs_submitted_total"
     }
@@ -86,6 +111,11 @@ def test_promql_reader_rejects_typos_and_broken_brackets() -> None:
         check_expr('sum(rate(stitch_gpu_seconds_total{tennant="a"}[5m]))', "self-test")
     with pytest.raises(AssertionError, match="grouping by unknown"):
         check_expr("sum by (stage) (rate(stitch_verdicts_total[5m]))", "self-test")
+    with pytest.raises(AssertionError, match="matches none of"):
+        check_expr('sum(rate(stitch_tasks_total{outcome="error"}[5m]))', "self-test")
+    with pytest.raises(AssertionError, match="matches none of"):
+        check_expr('sum(rate(stitch_verdicts_total{device=~"gpu|tpu"}[5m]))', "self-test")
+    check_expr('sum(rate(stitch_verdicts_total{device=~"cu.*",accepted!="maybe"}[5m]))', "self-test")
 
 
 # -- Grafana ----------------------------------------------------------------------------------------
