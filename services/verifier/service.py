@@ -181,10 +181,13 @@ class VerifierService:
         if candidate.build.backend == "cuda" and device == "cpu":
             findings.add("candidate.backend", "REJECT", "a CUDA candidate cannot run on the cpu device")
             return
+        t_static = time.monotonic()
         self._static(candidate, reference_source, pol, findings)
+        verdict.stage_seconds["static"] = time.monotonic() - t_static
 
         report("build", 0.05)
         build, ext_dir = self.builder.build(candidate)
+        verdict.stage_seconds["build"] = build.seconds
         verdict.build.CopyFrom(build)
         verdict.compiled = build.ok
         if not build.ok or ext_dir is None:
@@ -209,6 +212,7 @@ class VerifierService:
         )
         if run.fault.get("stage") == "device":
             raise Unavailable(f"the candidate process cannot use {device}: {run.fault.get('error')}")
+        stage_durations(done[0].get("phases") if done else None, run.outcome.seconds, verdict)
 
         report("compare", 0.9)
         try:
@@ -429,3 +433,19 @@ class VerifierService:
         cand = candidate_format.read_dir(candidate_dir)
         cand.candidate_id = cand.candidate_id or candidate_dir.name
         return self.verify(reference.read_text(), cand, device=device, policy=policy)
+
+
+# The candidate runner's phase marks (seconds since its start) that end each stage, after the mark that
+# begins it: correctness from the import of the candidate to its last checked call, and so on.
+_RUN_STAGES = (("correctness", "import"), ("timing", "correctness"), ("profile", "timing"))
+
+
+def stage_durations(phases: object, wall_s: float, verdict: verify_pb2.Verdict) -> None:
+    """The run's correctness, timing and profile seconds into verdict.stage_seconds (metrics only: the
+    marks come from the candidate's process, so each is clamped to the process's own wall time)."""
+    if not isinstance(phases, dict):
+        return
+    for stage, begins in _RUN_STAGES:
+        end, start = phases.get(stage), phases.get(begins)
+        if isinstance(end, int | float) and isinstance(start, int | float) and end >= start:
+            verdict.stage_seconds[stage] = min(float(end - start), max(wall_s, 0.0))
