@@ -1,11 +1,15 @@
 """One way to run untrusted Python (a user's reference program) outside the Verifier: the Planner's
 analysis and the Coder's trace both start it through `Isolation`.
 
-The process gets bubblewrap where it works (no network namespace, so no Redis, S3 or LLM endpoint; the
-system read-only; only its own work folder writable; its own IPC namespace; killed with its parent), an
-environment with an allowlist of variables (no credentials), an address-space limit, no core files, and
-its own process group so a time-out kills everything it started. `mode="none"` (or no bubblewrap in
-"auto") keeps every limit but the namespaces, and says so in `name`.
+The process gets bubblewrap where it works: no network namespace (so no Redis, S3 or LLM endpoint), its
+own PID namespace (it sees no other process, so neither their environment nor, through
+`/proc/<pid>/root`, their file system, and nothing it starts outlives it), its own IPC and UTS
+namespaces, and a file system of only the system folders, the interpreter and its packages (read-only),
+the script's folder (read-only) and its own work folder (writable): the host's temporary files, home
+folders and the platform's credentials are not there. Also an environment with an allowlist of
+variables (no credentials), an address-space limit, no core files, and its own process group so a
+time-out kills everything it started. `mode="none"` (or no bubblewrap in "auto") keeps every limit but
+the namespaces, and says so in `name`.
 
 The Verifier's sandbox (stitchcuda.verifier.sandbox) is the stricter superset for candidate code: it
 also drops to a fresh uid and mounts only the candidate's folders.
@@ -14,9 +18,11 @@ also drops to a fresh uid and mounts only the candidate's folders.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
@@ -43,7 +49,7 @@ Mode = Literal["auto", "bwrap", "none"]
 
 @functools.cache
 def bwrap_works(cuda: bool) -> bool:
-    """Whether bubblewrap can start a network-less, read-only sandbox on this machine."""
+    """Whether bubblewrap can start a network-less sandbox of the system folders on this machine."""
     exe = shutil.which("bwrap")
     if exe is None:
         return False
@@ -55,12 +61,58 @@ def bwrap_works(cuda: bool) -> bool:
             return False
 
 
-def bwrap_prefix(exe: str, work: Path, cuda: bool) -> list[str]:
-    devices = ["--dev-bind", "/dev", "/dev"] if cuda else ["--dev", "/dev"]
+def bwrap_prefix(exe: str, work: Path, cuda: bool, readable: tuple[Path, ...] = ()) -> list[str]:
+    """bubblewrap's arguments: the namespaces, the system and `readable` read-only, `work` writable."""
+    binds = [*system_binds(cuda)]
+    for folder in readable:
+        binds += ["--ro-bind", str(folder), str(folder)]
     return [
-        exe, "--die-with-parent", "--unshare-net", "--unshare-ipc", "--ro-bind", "/", "/", *devices,
-        "--proc", "/proc", "--bind", str(work), str(work), "--chdir", str(work), "--",
+        exe, "--die-with-parent", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+        "--hostname", "sandbox", *binds, "--bind", str(work), str(work), "--chdir", str(work), "--",
     ]  # fmt: skip
+
+
+def system_binds(cuda: bool) -> list[str]:
+    """The system folders, the interpreter with its packages and the CUDA toolchain, read-only; a private
+    /dev (with the GPU's device nodes for `cuda`) and a /proc of the sandbox's own PID namespace."""
+    args: list[str] = []
+    for top in ("/bin", "/lib", "/lib64", "/sbin", "/lib32", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    for top in ("/usr", "/etc", "/opt"):
+        if os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    extra = {sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    extra.update(site.getsitepackages())
+    torch = importlib.util.find_spec("torch")
+    if torch is not None and torch.origin:
+        extra.add(os.path.dirname(os.path.dirname(torch.origin)))
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if cuda_home:
+        extra.add(cuda_home)
+    for tool in ("nvcc", "ninja"):
+        found = shutil.which(tool)
+        if found:
+            extra.add(os.path.dirname(os.path.dirname(os.path.realpath(found))))
+    for path in sorted(extra):
+        real = os.path.realpath(path)
+        shallow = len(Path(real).parts) < 3  # never bind "/" or a top-level folder wholesale
+        if os.path.isdir(real) and not shallow and not real.startswith(("/usr/", "/etc/", "/opt/")):
+            args += ["--ro-bind", real, real]
+            if real != path:
+                args += ["--ro-bind", real, path]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    if os.path.isdir("/sys"):
+        args += ["--ro-bind", "/sys", "/sys"]
+    if cuda:
+        for node in sorted(Path("/dev").glob("nvidia*")):
+            args += ["--dev-bind", str(node), str(node)]
+        for path in ("/dev/dri", "/run/nvidia-persistenced"):
+            if os.path.exists(path):
+                args += ["--dev-bind" if path.startswith("/dev") else "--ro-bind", path, path]
+    return args
 
 
 @dataclass(frozen=True)
@@ -81,7 +133,8 @@ class Isolation:
         memory = self.memory_mb << 20 if device == "cpu" else 0
         base = [sys.executable, "-I", "-c", LAUNCH, str(memory), str(script), *args]
         if self.uses_bwrap(device):
-            return [*bwrap_prefix(shutil.which("bwrap") or "bwrap", work, device == "cuda"), *base]
+            exe = shutil.which("bwrap") or "bwrap"
+            return [*bwrap_prefix(exe, work, device == "cuda", (script.resolve().parent,)), *base]
         return base
 
     @staticmethod

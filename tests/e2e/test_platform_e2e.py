@@ -1,20 +1,33 @@
 """The whole platform through the gateway with the real Planner, Coder and Verifier on the CPU backend:
 separate worker processes on Redis and a SeaweedFS S3, gRPC and HTTP over TCP. Builds are shared
-through one cache folder (STITCH_TEST_BUILD_CACHE), so only the first test pays for the compile."""
+through one cache folder (STITCH_TEST_BUILD_CACHE), so only the first test pays for the compile. The
+platform is started once for the module: its start and stop take ~25 s of CI's two cores."""
 
 import json
 import os
 import signal
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from stitchcuda.api.v1 import jobs_pb2
 from stitchcuda.gateway.client import GatewayClient, submit_main
+from stitchcuda.shared.isolation import bwrap_works
 from tests.conftest import PROBLEMS, problem_source
-from tests.integration.platform.harness import Platform, flush_redis, make_tenant, platform_env, wait_for
+from tests.integration.hostile import end_lingering, hostile, lingering
+from tests.integration.platform.harness import (
+    SECRET,
+    Platform,
+    flush_redis,
+    make_tenant,
+    platform_env,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -143,3 +156,42 @@ def test_kill_9_of_the_verifier_mid_verification_still_completes(real_platform: 
         verdicts = [e for e in client.watch(job.job_id) if e.kind == jobs_pb2.EVENT_KIND_VERDICT]
         assert len(verdicts) == 1
     wait_for(lambda: len(verifier.children()) >= 1, 30, "the pool to replace the killed process")
+
+
+def test_a_hostile_reference_reaches_nothing_and_the_job_still_gets_a_verdict(
+    real_platform: Platform, api_key: str, seaweed: object, tmp_path: Path
+):
+    # The hostile reference of tests/integration/hostile.py (tested in the embedded mode in
+    # tests/integration/test_untrusted_reference.py): wherever the platform runs it (the Planner's
+    # analysis, the Coder's trace, the Verifier's reference run), it must not reach Redis, write outside
+    # its sandbox, read the workers' credentials (their environment, the S3 server's credential file) or
+    # leave a process behind; having found nothing, it behaves, and the job gets its verdict.
+    if not bwrap_works(False):
+        pytest.skip("bubblewrap cannot start a sandbox on this machine")
+    key, marker, token = f"stitch-test-{uuid.uuid4().hex}", tmp_path / "marker", uuid.uuid4().hex
+    credentials = Path(seaweed.data_dir) / "s3.json"  # type: ignore[attr-defined]
+    secrets = [SECRET, seaweed.secret_key]  # type: ignore[attr-defined]
+    assert all(s in real_platform.env.values() for s in secrets)  # the workers do hold them
+    assert seaweed.secret_key in credentials.read_text()  # type: ignore[attr-defined]
+    default_db = redis.Redis(host="127.0.0.1", port=6379)  # where its raw SET lands: it selects no DB
+    try:
+        with GatewayClient(real_platform.grpc_target, api_key) as client:
+            job = client.submit(spec(hostile(key, marker, token, [credentials])))
+            final = client.wait(job.job_id, timeout_s=600)
+            events = list(client.watch(job.job_id))
+            shown = [final.status.message, *(e.message for e in events)]
+            shown += [f"{k}={v}" for e in events for k, v in e.data.items()]
+            if final.status.state == jobs_pb2.JOB_STATE_SUCCEEDED:
+                shown.append(client.download(job.job_id, "report.json").decode(errors="replace"))
+        time.sleep(2)  # a process that escaped its run would still be trying
+        seen = "\n".join(shown)
+        assert final.status.state == jobs_pb2.JOB_STATE_SUCCEEDED, (seen[-3000:], real_platform.logs())
+        assert any(e.kind == jobs_pb2.EVENT_KIND_VERDICT for e in events)
+        assert not [s for s in secrets if s in seen], "a worker's credential reached the tenant"
+        assert default_db.get(key) is None and default_db.get(f"{key}:lingered") is None
+        assert not marker.exists() and not Path(f"{marker}.lingered").exists()
+        assert lingering(token) == [], "a process the reference started outlived the job"
+    finally:
+        end_lingering(token)
+        default_db.delete(key, f"{key}:lingered")
+        default_db.close()
