@@ -72,9 +72,10 @@ def bwrap_prefix(exe: str, work: Path, cuda: bool, readable: tuple[Path, ...] = 
     ]  # fmt: skip
 
 
-def system_binds(cuda: bool) -> list[str]:
-    """The system folders, the interpreter with its packages and the CUDA toolchain, read-only; a private
-    /dev (with the GPU's device nodes for `cuda`) and a /proc of the sandbox's own PID namespace."""
+def system_binds(cuda: bool, tools: tuple[str, ...] = ("nvcc", "ninja")) -> list[str]:
+    """The system folders, the interpreter with its packages and the CUDA toolchain (the installations of
+    `tools`), read-only; a private /dev (with the GPU's device nodes for `cuda`) and a /proc of the
+    sandbox's own PID namespace. The Verifier's sandbox binds the same."""
     args: list[str] = []
     for top in ("/bin", "/lib", "/lib64", "/sbin", "/lib32", "/libx32"):
         if os.path.islink(top):
@@ -92,7 +93,7 @@ def system_binds(cuda: bool) -> list[str]:
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     if cuda_home:
         extra.add(cuda_home)
-    for tool in ("nvcc", "ninja"):
+    for tool in tools:
         found = shutil.which(tool)
         if found:
             extra.add(os.path.dirname(os.path.dirname(os.path.realpath(found))))

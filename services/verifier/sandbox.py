@@ -17,7 +17,6 @@ import resource
 import secrets
 import shutil
 import signal
-import site
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stitchcuda.shared.isolation import system_binds
 from stitchcuda.verifier.harness import wire
 from stitchcuda.verifier.settings import VerifierSettings
 
@@ -270,48 +270,7 @@ class Sandbox:
     # --- launching -------------------------------------------------------------------------------
 
     def _system_binds(self, device: str) -> list[str]:
-        args: list[str] = []
-        for top in ("/bin", "/lib", "/lib64", "/sbin", "/lib32", "/libx32"):
-            if os.path.islink(top):
-                args += ["--symlink", os.readlink(top), top]
-            elif os.path.isdir(top):
-                args += ["--ro-bind", top, top]
-        for top in ("/usr", "/etc", "/opt"):
-            if os.path.isdir(top):
-                args += ["--ro-bind", top, top]
-        import torch
-
-        extra = {
-            sys.base_prefix,
-            sys.prefix,
-            os.path.dirname(os.path.realpath(sys.executable)),
-            os.path.dirname(os.path.dirname(torch.__file__)),
-            *site.getsitepackages(),
-        }
-        cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-        if cuda_home:
-            extra.add(cuda_home)
-        for tool in ("nvcc", "ncu", "ninja"):
-            found = shutil.which(tool)
-            if found:
-                extra.add(os.path.dirname(os.path.dirname(os.path.realpath(found))))
-        for path in sorted(extra):
-            real = os.path.realpath(path)
-            shallow = len(Path(real).parts) < 3  # never bind "/" or a top-level folder wholesale
-            if os.path.isdir(real) and not shallow and not real.startswith(("/usr/", "/etc/", "/opt/")):
-                args += ["--ro-bind", real, real]
-                if real != path:
-                    args += ["--ro-bind", real, path]
-        args += ["--proc", "/proc", "--dev", "/dev"]
-        if os.path.isdir("/sys"):
-            args += ["--ro-bind", "/sys", "/sys"]
-        if device == "cuda":
-            for dev in sorted(Path("/dev").glob("nvidia*")):
-                args += ["--dev-bind", str(dev), str(dev)]
-            for path in ("/dev/dri", "/run/nvidia-persistenced"):
-                if os.path.exists(path):
-                    args += ["--dev-bind" if path.startswith("/dev") else "--ro-bind", path, path]
-        return args
+        return system_binds(device == "cuda", tools=("nvcc", "ncu", "ninja"))
 
     def _command(self, spec: RunSpec, job_fd: int, result_fd: int, uid: int) -> tuple[list[str], str]:
         harness = (
