@@ -1,0 +1,70 @@
+"""Which KernelBench problems the built-in Coder writes a CUDA program for, under each kernel policy, and
+whether the Verifier's static checks accept each program under that policy (no GPU needed).
+
+    python benchmarks/kernelbench_coverage.py ../shared/kernelbench [--levels level1 level2]
+
+Prints, per level and policy: programs written, rejected by the static checks, and the reasons the others
+were not written (grouped); the last line is a JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import time
+from pathlib import Path
+
+from stitchcuda.api.v1 import verify_pb2
+from stitchcuda.coder.synth.ir import Unsupported
+from stitchcuda.coder.synth.synthesizer import Synthesizer, to_candidate
+from stitchcuda.coder.synth.variants import Variant
+from stitchcuda.shared.policy import LIBRARY, STRICT, KernelPolicy
+from stitchcuda.verifier.static import scan
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--levels", nargs="*", default=["level1", "level2"])
+    args = parser.parse_args()
+    synth = Synthesizer(in_process=True)  # public benchmark references, read as data
+    summary: dict[str, dict[str, dict[str, int]]] = {}
+    for level in args.levels:
+        problems = sorted((args.root / level).glob("*.py"))
+        for name in (STRICT, LIBRARY):
+            started = time.monotonic()
+            policy = KernelPolicy(name)
+            written, rejected, reasons = 0, 0, collections.Counter[str]()
+            for path in problems:
+                source = path.read_text()
+                try:
+                    synthesis = synth.synthesize(
+                        source, None, variant=Variant(), device="cuda", policy=policy
+                    )
+                except Unsupported as exc:
+                    reasons[re.sub(r"^[\w.]+: ", "", str(exc)).split("\n")[0][:90]] += 1
+                    continue
+                except Exception as exc:  # a reference the tracer cannot follow
+                    reasons[f"{type(exc).__name__}: {str(exc).splitlines()[0][:70]}"] += 1
+                    continue
+                written += 1
+                findings = scan(to_candidate(synthesis), source, (), policy)
+                if any(f.severity == verify_pb2.SEVERITY_REJECT for f in findings):
+                    rejected += 1
+                    print(f"  REJECTED {path.stem} [{name}]")
+            took = time.monotonic() - started
+            print(f"{level} {name}: {written}/{len(problems)} written, {rejected} rejected ({took:.0f} s)")
+            for reason, count in reasons.most_common():
+                print(f"    {count:3d}  {reason}")
+            summary.setdefault(level, {})[name] = {
+                "problems": len(problems),
+                "written": written,
+                "rejected": rejected,
+            }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
