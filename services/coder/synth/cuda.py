@@ -1001,13 +1001,13 @@ def emit(
             "",
         ]
     )
-    host_code = "\n".join(
+    helpers = "\n".join(
         [
             libops.host_source(host.helpers, "cuda"),
             rnn.cuda_host(custom=host.custom) if "lstm" in host.helpers else "",
-            *forward,
         ]
     )
+    host_code = "\n".join([helpers, *forward])
     source = "\n".join(
         [
             f"// {ext_name}: synthesized by StitchCUDA's built-in coder (CUDA backend), the host code.",
@@ -1035,8 +1035,7 @@ def emit(
             "using namespace stitch_launch;",
             "",
             "namespace {",
-            libops.host_source(host.helpers, "cuda"),
-            rnn.cuda_host(custom=host.custom) if "lstm" in host.helpers else "",
+            helpers,
             "}  // namespace",
             "",
             *forward,
