@@ -12,7 +12,7 @@ from typing import Any
 
 from stitchcuda.api.v1 import plan_pb2, verify_pb2
 from stitchcuda.shared.policy import KernelPolicy
-from stitchcuda.verifier import compare
+from stitchcuda.verifier import compare, speedup
 from stitchcuda.verifier.accounting import Accounting, account, global_symbols
 from stitchcuda.verifier.ceilings import Floor, physics_floor
 from stitchcuda.verifier.reference import ReferenceResult
@@ -48,6 +48,8 @@ class Policy:
     kernel: KernelPolicy = field(default_factory=KernelPolicy)
     # Libraries the candidate's manifest declares (counted outside D6 under the library policy).
     declared: frozenset[str] = frozenset()
+    # The speedup's interval may be at most +-this (relative) before a verdict calls the timing noisy.
+    noise: float = 0.05
 
     @property
     def library_excluded(self) -> bool:
@@ -291,9 +293,8 @@ def timing(
     t.median_ms, t.p10_ms, t.p90_ms, t.iterations = s["median"], s["p10"], s["p90"], len(dev)
     t.wall_median_ms = sw["median"]
     t.spread = _spread(s)
-    if t.median_ms > 0:
-        t.speedup_vs_eager = t.eager_ms / t.median_ms
-        t.speedup_vs_compile = t.compile_ms / t.median_ms if t.compile_ms > 0 else 0.0
+    speedup.fill(t, run.timing, ref.eager_ms, ref.compile_ms, policy.noise)
+    _baseline_findings(run, ref, t, findings)
     if ref.device == "cuda" and t.wall_median_ms > policy.clock_factor * t.median_ms + policy.clock_slack_ms:
         findings.add(
             "D7.clock-disagree",
@@ -317,11 +318,47 @@ def timing(
             "WARNING",
             f"speedup {t.speedup_vs_eager:.1f}x vs eager is above {policy.review_speedup:g}x: review",
         )
-    if t.spread > 1.0:
+    if t.noisy:
         findings.add(
-            "D7.noisy", "WARNING", f"timing spread (p90-p10)/median = {t.spread:.2f}: the machine is noisy"
+            "D7.noisy",
+            "WARNING",
+            f"the speedup is known only to "
+            f"{speedup.interval_text(t.speedup_vs_eager, t.speedup_vs_eager_low, t.speedup_vs_eager_high)} "
+            f"({100 * t.confidence:.0f}% interval over {t.rounds} rounds, "
+            f"wider than +-{100 * t.noise_threshold:.0f}%): "
+            "the machine is noisy; trust the interval, not the median",
+            "timed loop",
         )
     return t
+
+
+def _baseline_findings(
+    run: CandidateRun, ref: ReferenceResult, t: verify_pb2.TimingResult, findings: FindingList
+) -> None:
+    """Says which eager baseline the speedup rests on when it is not the interleaved one, and when the
+    machine ran the reference at a very different speed than in the reference run."""
+    if t.eager_source != speedup.INTERLEAVED:
+        why = run.baseline_error or (
+            "a large problem (inputs made again from seeds, or above interleave_max_mb) or interleaving off"
+        )
+        findings.add(
+            "D7.cached-baseline",
+            "INFO",
+            f"eager baseline from the reference run, not timed beside the candidate ({why})",
+            "baseline",
+        )
+        return
+    if ref.eager_ms > 0 and t.eager_ms > 0:
+        drift = t.eager_ms / ref.eager_ms
+        if drift > 2.0 or drift < 0.5:
+            findings.add(
+                "D7.baseline-drift",
+                "INFO",
+                f"the eager reference ran in {t.eager_ms:.4f} ms beside the candidate and in "
+                f"{ref.eager_ms:.4f} ms in the reference run ({drift:.1f}x): the machine's speed changed; "
+                "the speedup uses the interleaved figures",
+                "baseline",
+            )
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -477,6 +514,9 @@ def memory(run: CandidateRun, ref: ReferenceResult, findings: FindingList) -> No
     if ref.device != "cuda" or not isinstance(peak, int | float):
         return
     allowed, held = memory_budget(ref)
+    if run.timing.get("eager_rounds"):
+        # The eager reference ran in the same process: its activations count in the peak.
+        allowed += float(ref.cost.get("forward_peak", 0))
     if peak > allowed + held:
         findings.add(
             "D10.memory",

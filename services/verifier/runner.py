@@ -48,6 +48,8 @@ class CandidateRun:
     fault: dict[str, Any] = field(default_factory=dict)
     memory: dict[str, Any] = field(default_factory=dict)
     bad_record: str = ""
+    # Why the eager reference could not be timed beside the candidate ("" when it was, or not asked).
+    baseline_error: str = ""
 
 
 class CandidateRunner:
@@ -185,6 +187,7 @@ class CandidateRunner:
             names.add(plan.offshape)
             offshape = {"set": plan.offshape, "init_changed": ref.offshape.get("init_changed", False)}
         needed, regen = input_sets(ref, names)
+        baseline = not quick and self.interleaves(ref, regen)
         first = ref.sets[plan.pool[0]].ref32 if plan.pool[0] in ref.sets else []
         poison = [list(shape) for t in first if (shape := _shape_dtype(t))]
         memory = None
@@ -211,6 +214,15 @@ class CandidateRunner:
             "offshape": offshape,
             "poison_shapes": poison,
             "memory": memory,
+            "baseline": baseline,
+            "rounds": self.settings.timing_rounds,
+            "max_rounds": max(self.settings.timing_rounds, self.settings.timing_max_rounds),
+            "noise": self.settings.timing_noise_cuda
+            if ref.device == "cuda"
+            else self.settings.timing_noise_cpu,
+            "block_ms": self.settings.timing_block_ms_cuda
+            if ref.device == "cuda"
+            else self.settings.timing_block_ms_cpu,
         }
         if quick:
             header.update(steps=steps[:2], warmup=1, iterations=1, late="", offshape=None)
@@ -221,12 +233,23 @@ class CandidateRunner:
                 "sets": needed,
                 # Large sets are made again by the runner, from the reference's own get_inputs.
                 "regen": regen,
-                "reference": ref.source if regen else "",
+                "reference": ref.source if regen or baseline else "",
                 "offshape_init": ref.offshape.get("init_inputs", ref.init_inputs),
                 "offshape_state": ref.offshape.get("state", ref.state),
             }
         )
         return nonce, token, header, payload
+
+    def interleaves(self, ref: ReferenceResult, regen: dict[str, Any]) -> bool:
+        """Whether the run times the eager reference beside the candidate: the reference's source is
+        known, no input set is made again from its seed, and the reference's parameters and a second
+        copy of the timing pool fit `interleave_max_mb`."""
+        if not self.settings.interleave or regen or not ref.source:
+            return False
+        pool = sum(
+            ref.sets[n].input_bytes or _nbytes(ref.sets[n].inputs) for n in ref.plan.pool if n in ref.sets
+        )
+        return ref.param_bytes + pool <= self.settings.interleave_max_mb * (1 << 20)
 
     def _run_root(self) -> Path:
         root = self.settings.run_dir or Path(tempfile.gettempdir()) / f"stitchcuda-verify-{os.getuid()}"
@@ -393,6 +416,8 @@ def _collect(outcome: Outcome, nonce: str, token: str) -> CandidateRun:
                 run.fault = head
             elif kind == "memory":
                 run.memory = head
+            elif kind == "baseline":
+                run.baseline_error = str(head.get("error", ""))[:300]
         except Exception as exc:  # a malformed record is the candidate's fault, never the parent's crash
             run.bad_record = f"malformed {kind} record: {exc}"
             run.completed = False

@@ -22,7 +22,7 @@ from stitchcuda.shared import devices
 from stitchcuda.shared import policy as kernel_policy
 from stitchcuda.shared.artifacts import ArtifactStore, LocalArtifactStore, sha256_hex
 from stitchcuda.shared.errors import InvalidRequest, Unavailable
-from stitchcuda.verifier import evaluate, feedback, limits, ncu
+from stitchcuda.verifier import evaluate, feedback, limits, ncu, speedup
 from stitchcuda.verifier.accounting import Accounting
 from stitchcuda.verifier.build import Builder
 from stitchcuda.verifier.evaluate import FindingList, Policy
@@ -106,6 +106,7 @@ class VerifierService:
         report = progress or (lambda stage, fraction: None)
         device = devices.resolve(device)
         pol = self.policy(policy)
+        pol.noise = self.settings.timing_noise_cuda if device == "cuda" else self.settings.timing_noise_cpu
         if (
             plan is not None
             and plan.dtype
@@ -406,9 +407,16 @@ class VerifierService:
         elif not verdict.correct:
             verdict.reason = "incorrect output"
         else:
-            verdict.reason = f"accepted: {verdict.speedup_vs_eager:.2f}x vs eager"
+            t = verdict.timing
+            vs_eager = speedup.interval_text(
+                verdict.speedup_vs_eager, t.speedup_vs_eager_low, t.speedup_vs_eager_high
+            )
+            verdict.reason = f"accepted: {vs_eager} vs eager"
             if verdict.speedup_vs_compile:
-                verdict.reason += f", {verdict.speedup_vs_compile:.2f}x vs torch.compile"
+                vs_compile = speedup.interval_text(
+                    verdict.speedup_vs_compile, t.speedup_vs_compile_low, t.speedup_vs_compile_high
+                )
+                verdict.reason += f", {vs_compile} vs torch.compile"
         verdict.seconds = time.monotonic() - started
         del verdict.docs[:]
         verdict.docs.extend(feedback.hints(verdict))

@@ -32,6 +32,19 @@ class VerifierSettings(CommonSettings):
     # Event and wall clocks must agree: wall <= factor * event + slack.
     clock_factor: float = 1.5
     clock_slack_ms: float = 0.05
+    # Interleaved timing (D7): the candidate and the eager reference alternate in blocks, at least
+    # `timing_rounds` rounds; while the speedup's confidence interval is wider than +-timing_noise_<device>
+    # more rounds follow, up to `timing_max_rounds`. Problems whose parameters and timing inputs exceed
+    # `interleave_max_mb` (or whose inputs are made again from seeds) keep the reference run's baseline.
+    interleave: bool = True
+    timing_rounds: int = Field(default=6, ge=1, le=100)
+    timing_max_rounds: int = Field(default=14, ge=1, le=200)
+    timing_noise_cpu: float = Field(default=0.05, gt=0.0)
+    timing_noise_cuda: float = Field(default=0.01, gt=0.0)
+    interleave_max_mb: float = Field(default=1024.0, ge=0.0)
+    # A round's block of calls lasts at least this long (at most 1000 calls), so its median is stable.
+    timing_block_ms_cpu: float = Field(default=20.0, ge=0.0)
+    timing_block_ms_cuda: float = Field(default=2.0, ge=0.0)
 
     # Timeouts (seconds).
     build_timeout_s: float = 600.0

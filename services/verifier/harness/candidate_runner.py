@@ -25,6 +25,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common
+import stats
 import wire
 
 HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -217,7 +218,7 @@ def watched_functions(torch: Any) -> dict[str, Any]:
             found[name] = get()
         except Exception:
             found[name] = None
-    for module in (common, wire):
+    for module in (common, stats, wire):
         for attr, value in vars(module).items():
             if callable(value) and not attr.startswith("__"):
                 found[f"{module.__name__}.{attr}"] = value
@@ -529,6 +530,94 @@ def check_outputs(
                 )
 
 
+class Baseline:
+    """The eager reference, built before the candidate is imported and timed in rounds beside it (D7).
+
+    Both then run in the same process and device state, so a busy machine slows both sides of a round
+    alike. The candidate could try to slow this model instead of speeding up its own: before every
+    baseline block the namespaces it runs through (torch, torch.nn.functional, torch.Tensor, the
+    reference module, its module classes) must hold the same objects, no global module hook, torch
+    function or dispatch mode may be active, the numeric state must be unchanged and no thread the
+    candidate started may be alive; otherwise the run is rejected (D8.baseline-tampered).
+    """
+
+    def __init__(
+        self, torch: Any, source: str, work: str, data: dict[str, Any], seed: int, device: str
+    ) -> None:
+        path = os.path.join(work, "reference_baseline.py")
+        with open(path, "w") as fh:
+            fh.write(source)
+        # A private module name, never entered in sys.modules: the candidate has no name to look it up by.
+        spec = importlib.util.spec_from_file_location("_stitch_baseline_" + os.urandom(4).hex(), path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        common.seed_all(seed)
+        model = module.Model(*data["init_inputs"])
+        if isinstance(model, torch.nn.Module):
+            model = model.to(device)
+            own = model.state_dict()
+            with torch.no_grad():
+                for key, value in data["state"].items():
+                    mine = own.get(key)
+                    if isinstance(mine, torch.Tensor) and mine.shape == value.shape:
+                        mine.copy_(value.to(mine.device))
+        self.torch, self.module, self.model = torch, module, model
+        self.hooks = self._hook_count()
+        self.names = self._namespaces()
+
+    def _spaces(self) -> list[Any]:
+        torch = self.torch
+        classes = (
+            {type(m) for m in self.model.modules()} if isinstance(self.model, torch.nn.Module) else set()
+        )
+        return [torch, torch.nn.functional, torch.Tensor, torch.nn.Module, self.module, *classes]
+
+    def _namespaces(self) -> dict[tuple[str, str], Any]:
+        return {
+            (getattr(space, "__name__", "?"), name): value
+            for space in self._spaces()
+            for name, value in list(vars(space).items())
+            if callable(value)
+        }
+
+    def _hook_count(self) -> int:
+        if not isinstance(self.model, self.torch.nn.Module):
+            return 0
+        return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in self.model.modules())
+
+    def tampered(self, state_before: dict[str, str], threads_before: set[Any]) -> str:
+        """Why the baseline can no longer be trusted, or ""."""
+        torch = self.torch
+        for (space, name), value in self._namespaces().items():
+            if self.names.get((space, name), value) is not value:
+                return f"{space}.{name} was replaced"
+        mod = torch.nn.modules.module
+        for attr in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks"):
+            if len(getattr(mod, attr, ()) or ()):
+                return f"a global module hook is installed ({attr})"
+        if self._hook_count() != self.hooks:
+            return "a hook was added to the reference model"
+        try:
+            from torch.overrides import _get_current_function_mode_stack
+            from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+            if _get_current_function_mode_stack() or _get_current_dispatch_mode_stack():
+                return "a torch function or dispatch mode is active"
+        except ImportError:
+            pass
+        changed = [k for k, v in numeric_state(torch).items() if state_before.get(k) != v]
+        if changed:
+            return f"{changed[0]} changed"
+        alive = [t.name for t in threading.enumerate() if t.ident not in threads_before and t.is_alive()]
+        if alive:
+            return f"a thread of the candidate is running: {alive[0]}"
+        return ""
+
+    def __call__(self, *xs: Any) -> Any:
+        return self.model(*xs)
+
+
 def os_threads() -> int:
     try:
         return len(os.listdir("/proc/self/task"))
@@ -605,6 +694,12 @@ def main() -> None:
     data = wire.loads(payload)
     del payload
     sets = InputSets(data["sets"], data.get("regen") or {}, data.get("reference") or "", roots["work"])
+    baseline: Baseline | None = None
+    if header.get("baseline") and data.get("reference"):
+        try:
+            baseline = Baseline(torch, data["reference"], roots["work"], data, header["init_seed"], device)
+        except Exception as exc:  # timed from the reference run's figures instead; the parent says so
+            send({"kind": "baseline", "error": error_line(exc)})
 
     memory = header.get("memory") or {}
     base_mem = 0
@@ -775,11 +870,33 @@ def main() -> None:
             sets[n] if sets.whole(n) else [same_copy(x) for x in pool[i]]
             for i, n in enumerate(header["pool"])
         ]
-        iterations = int(header["iterations"])
+        # Rounds (D7): a block of candidate calls and a block of eager reference calls, in alternating
+        # order, until the per-round speedups pin the median down to +-noise (at least `rounds` rounds,
+        # at most `max_rounds`: a noisy machine gets measured longer). The parent does the statistics.
+        rounds_min = max(1, int(header.get("rounds") or 1))
+        rounds_max = max(rounds_min, int(header.get("max_rounds") or rounds_min))
+        noise = float(header.get("noise") or 0.0)
+        eager_pool = [to_device(sets[n], device) for n in header["pool"]] if baseline is not None else []
         with no_grad():
             for i in range(int(header["warmup"])):
                 model(*pool[i % len(pool)])
+                if baseline is not None:
+                    baseline(*eager_pool[i % len(eager_pool)])
         sync()
+        # A block lasts at least block_ms (a block's median of a few short calls is mostly noise), and
+        # holds at least its share of the iterations asked for; the last warm-up calls say how long a
+        # call takes.
+        block_ms = float(header.get("block_ms") or 0.0)
+        floor = max(1, -(-int(header["iterations"]) // rounds_min))
+
+        def block_size(fn: Any, slots: list[list[Any]]) -> int:
+            with no_grad():
+                d, _ = clock.time_calls(lambda j: fn(*slots[j % len(slots)]), 3)
+            return max(floor, min(1000, int(block_ms / max(min(d), 1e-4)) + 1)) if block_ms > 0 else floor
+
+        per_round = block_size(model, pool)
+        eager_per_round = block_size(baseline, eager_pool) if baseline is not None else 0
+        iterations = per_round * rounds_min
         calls[0] += int(header["warmup"])
         picks = sorted(
             {int.from_bytes(os.urandom(4), "big") % iterations for _ in range(2)} | {iterations - 1}
@@ -801,10 +918,44 @@ def main() -> None:
             if i in picks:
                 kept[i] = outs
 
+        def eager(i: int) -> Any:
+            assert baseline is not None
+            with no_grad():
+                return baseline(*eager_pool[i % len(eager_pool)])
+
         auditor.phase = "timed"
         last_custom = [custom_calls[0]]
-        device_ms, wall_ms = clock.time_calls(timed, iterations, after=after)
-        calls[0] += iterations
+        device_ms: list[float] = []
+        wall_ms: list[float] = []
+        cand_rounds: list[list[float]] = []
+        eager_rounds: list[list[float]] = []
+        done = 0
+        for r in range(rounds_max):
+            for block in ("eager", "cand") if r % 2 else ("cand", "eager"):
+                if block == "cand":
+                    d, w = clock.time_calls(
+                        lambda j, o=done: timed(o + j),
+                        per_round,
+                        after=lambda j, res, o=done: after(o + j, res),
+                    )
+                    device_ms += d
+                    wall_ms += w
+                    cand_rounds.append(d)
+                    done += per_round
+                elif baseline is not None:
+                    why = baseline.tampered(state_before, py_threads_before)
+                    if why:
+                        findings.add("D8.baseline-tampered", "REJECT", why, f"timing round {r}")
+                        baseline, eager_rounds = None, []
+                        continue
+                    auditor.phase = "baseline"
+                    e, _ = clock.time_calls(lambda j, o=r * eager_per_round: eager(o + j), eager_per_round)
+                    auditor.phase = "timed"
+                    eager_rounds.append(e)
+            if stats.settled(cand_rounds, eager_rounds, rounds_min, noise):
+                break
+        calls[0] += done
+        eager_pool.clear()
         auditor.phase = "after-timing"
         previous.clear()
         for i in range(len(header["pool"])):
@@ -820,6 +971,9 @@ def main() -> None:
                 "wall_ms": wall_ms,
                 "custom_calls": per_call_custom,
                 "samples": sorted(kept),
+                "rounds": cand_rounds,
+                "eager_rounds": eager_rounds,
+                "min_rounds": rounds_min,
             }
         )
         for i, outs in sorted(kept.items()):

@@ -279,6 +279,18 @@ class TimingResult(_message.Message):
     COMPILE_AVAILABLE_FIELD_NUMBER: _builtins.int
     EAGER_SPREAD_FIELD_NUMBER: _builtins.int
     SPREAD_FIELD_NUMBER: _builtins.int
+    ROUNDS_FIELD_NUMBER: _builtins.int
+    SPEEDUP_VS_EAGER_LOW_FIELD_NUMBER: _builtins.int
+    SPEEDUP_VS_EAGER_HIGH_FIELD_NUMBER: _builtins.int
+    SPEEDUP_VS_COMPILE_LOW_FIELD_NUMBER: _builtins.int
+    SPEEDUP_VS_COMPILE_HIGH_FIELD_NUMBER: _builtins.int
+    MEDIAN_LOW_MS_FIELD_NUMBER: _builtins.int
+    MEDIAN_HIGH_MS_FIELD_NUMBER: _builtins.int
+    EAGER_SOURCE_FIELD_NUMBER: _builtins.int
+    COMPILE_SOURCE_FIELD_NUMBER: _builtins.int
+    CONFIDENCE_FIELD_NUMBER: _builtins.int
+    NOISY_FIELD_NUMBER: _builtins.int
+    NOISE_THRESHOLD_FIELD_NUMBER: _builtins.int
     median_ms: _builtins.float
     p10_ms: _builtins.float
     p90_ms: _builtins.float
@@ -292,6 +304,29 @@ class TimingResult(_message.Message):
     compile_available: _builtins.bool
     eager_spread: _builtins.float
     spread: _builtins.float
+    rounds: _builtins.int
+    """Interleaved rounds (a block of candidate calls and a block of eager calls, in alternating order):
+    the speedups are the median of the per-round ratios, with a confidence interval for that median.
+    """
+    speedup_vs_eager_low: _builtins.float
+    speedup_vs_eager_high: _builtins.float
+    speedup_vs_compile_low: _builtins.float
+    speedup_vs_compile_high: _builtins.float
+    median_low_ms: _builtins.float
+    """The interval of the candidate's median time (over the per-round medians)."""
+    median_high_ms: _builtins.float
+    eager_source: _builtins.str
+    """Where each baseline comes from: "interleaved" (timed beside the candidate in its rounds),
+    "cached" (the reference run's figure, timed once per problem), "scaled" (the reference run's
+    torch.compile figure times the interleaved eager over the reference run's eager).
+    """
+    compile_source: _builtins.str
+    confidence: _builtins.float
+    """The confidence of the intervals, and whether the speedup's interval stayed wider than the noise
+    threshold after the extra rounds (then the interval is the figure to trust, not the median).
+    """
+    noisy: _builtins.bool
+    noise_threshold: _builtins.float
     def __init__(
         self,
         *,
@@ -307,10 +342,22 @@ class TimingResult(_message.Message):
         compile_available: _builtins.bool = ...,
         eager_spread: _builtins.float = ...,
         spread: _builtins.float = ...,
+        rounds: _builtins.int = ...,
+        speedup_vs_eager_low: _builtins.float = ...,
+        speedup_vs_eager_high: _builtins.float = ...,
+        speedup_vs_compile_low: _builtins.float = ...,
+        speedup_vs_compile_high: _builtins.float = ...,
+        median_low_ms: _builtins.float = ...,
+        median_high_ms: _builtins.float = ...,
+        eager_source: _builtins.str = ...,
+        compile_source: _builtins.str = ...,
+        confidence: _builtins.float = ...,
+        noisy: _builtins.bool = ...,
+        noise_threshold: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compile_available", b"compile_available", "compile_ms", b"compile_ms", "eager_ms", b"eager_ms", "eager_spread", b"eager_spread", "iterations", b"iterations", "median_ms", b"median_ms", "p10_ms", b"p10_ms", "p90_ms", b"p90_ms", "speedup_vs_compile", b"speedup_vs_compile", "speedup_vs_eager", b"speedup_vs_eager", "spread", b"spread", "wall_median_ms", b"wall_median_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compile_available", b"compile_available", "compile_ms", b"compile_ms", "compile_source", b"compile_source", "confidence", b"confidence", "eager_ms", b"eager_ms", "eager_source", b"eager_source", "eager_spread", b"eager_spread", "iterations", b"iterations", "median_high_ms", b"median_high_ms", "median_low_ms", b"median_low_ms", "median_ms", b"median_ms", "noise_threshold", b"noise_threshold", "noisy", b"noisy", "p10_ms", b"p10_ms", "p90_ms", b"p90_ms", "rounds", b"rounds", "speedup_vs_compile", b"speedup_vs_compile", "speedup_vs_compile_high", b"speedup_vs_compile_high", "speedup_vs_compile_low", b"speedup_vs_compile_low", "speedup_vs_eager", b"speedup_vs_eager", "speedup_vs_eager_high", b"speedup_vs_eager_high", "speedup_vs_eager_low", b"speedup_vs_eager_low", "spread", b"spread", "wall_median_ms", b"wall_median_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
