@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from stitchcuda.api.v1 import jobs_pb2, messages_pb2, verify_pb2
-from stitchcuda.shared.artifacts import ArtifactStore
+from stitchcuda.api.v1 import code_pb2, jobs_pb2, messages_pb2, verify_pb2
+from stitchcuda.shared.artifacts import ArtifactStore, Keys, sha256_hex
+from stitchcuda.shared.candidate import content_hash
 from stitchcuda.shared.errors import HarnessError, ProblemError
 from stitchcuda.shared.gpu_slots import gpu_slot, visible_gpus
 from stitchcuda.shared.settings import CommonSettings
@@ -52,6 +53,8 @@ class VerifierWorker(BaseWorker):
         """Compiles on a CPU worker (nvcc needs no GPU) so the GPU queue only ever runs cached builds."""
         req = env.build_request
         candidate = self.load_candidate(req.candidate_key)
+        if self._reuse(env, job, candidate, req.verify):
+            return
         self.workflow.progress(env, "build", 0.0, f"building candidate {env.candidate_index}")
         result = self.service.build(candidate, device=device_name(job.spec.device))
         if not result.ok:
@@ -65,6 +68,7 @@ class VerifierWorker(BaseWorker):
                 reason=f"build failed: {result.error.splitlines()[0] if result.error else 'see log'}",
                 feedback=f"The build failed.\n\n{result.error}\n\n{result.log_tail}",
             )
+            self.artifacts.put(verified_key(job, candidate, req.verify), verdict.SerializeToString())
             self.workflow.record_verdict(env, env.candidate_index, verdict)
             return
         forward = messages_pb2.Envelope()
@@ -74,8 +78,10 @@ class VerifierWorker(BaseWorker):
 
     def _verify(self, env: messages_pb2.Envelope, job: jobs_pb2.Job) -> None:
         req = env.verify_request
-        source = self.load_reference(req.reference_key)
         candidate = self.load_candidate(req.candidate_key)
+        if self._reuse(env, job, candidate, req):
+            return
+        source = self.load_reference(req.reference_key)
         plan = self.load_plan(req.plan_key) if req.plan_key and self.artifacts.exists(req.plan_key) else None
         device = device_name(req.device or job.spec.device)
         try:
@@ -96,4 +102,49 @@ class VerifierWorker(BaseWorker):
             # The reference itself fails here (the planner's run passed): the job ends with the reason.
             self.workflow.record_harness_failure(env, str(exc), exc.code)
             return
+        self.artifacts.put(verified_key(job, candidate, req), verdict.SerializeToString())
         self.workflow.record_verdict(env, env.candidate_index, verdict)
+
+    def _reuse(
+        self,
+        env: messages_pb2.Envelope,
+        job: jobs_pb2.Job,
+        candidate: code_pb2.Candidate,
+        req: verify_pb2.VerifyRequest,
+    ) -> bool:
+        """Records the verdict of an identical program verified earlier in this job, if there is one.
+
+        The same sources, build and plan on the same device under the same policy earn the same verdict;
+        timing it again would only add the machine's noise (issue 18: an identical program re-verified
+        in the next round measured 9x slower and looked like a regression).
+        """
+        key = verified_key(job, candidate, req)
+        if not self.artifacts.exists(key):
+            return False
+        earlier = self.load_verdict(key)
+        verdict = verify_pb2.Verdict()
+        verdict.CopyFrom(earlier)
+        verdict.candidate_id = candidate.candidate_id or verdict.candidate_id
+        verdict.findings.add(
+            rule="verdict.reused",
+            severity=verify_pb2.SEVERITY_INFO,
+            detail=f"identical to {earlier.candidate_id} (same content hash): its verdict is reused, "
+            "not measured again",
+        )
+        self.workflow.progress(
+            env, self.stage, 1.0, f"candidate {env.candidate_index} is identical to {earlier.candidate_id}"
+        )
+        self.workflow.record_verdict(env, env.candidate_index, verdict)
+        return True
+
+
+def verified_key(job: jobs_pb2.Job, candidate: code_pb2.Candidate, req: verify_pb2.VerifyRequest) -> str:
+    """Where this job keeps the verdict of a program, by what decides the verdict: the candidate's
+    content hash, the plan, the device and the policy (outside rounds/, so reports do not list it)."""
+    what = sha256_hex(
+        content_hash(candidate),
+        req.plan_key,
+        str(req.device or job.spec.device),
+        req.policy.SerializeToString(deterministic=True).hex(),
+    )
+    return f"{Keys.job(job.tenant_id, job.job_id)}/verified/{what}.pb"
