@@ -87,6 +87,7 @@ def optimize(
     from stitchcuda.embedded import EmbeddedPlatform
     from stitchcuda.shared import devices
     from stitchcuda.shared.errors import ProblemError
+    from stitchcuda.shared.pipeline import rounds_text
     from stitchcuda.shared.settings import CommonSettings
 
     prob = _load_problem(problem_path)
@@ -109,14 +110,14 @@ def optimize(
     )
     console.print(
         f"[bold]StitchCUDA[/] optimizing [cyan]{prob.name}[/] on [cyan]{resolved}[/] "
-        f"(first round + {rounds} optimize rounds, {policy.value} kernel policy)"
+        f"({rounds_text(rounds)}, {policy.value} kernel policy)"
     )
     staging = Path(tempfile.mkdtemp(prefix="stitchcuda-run-"))
     platform = EmbeddedPlatform(CommonSettings(), artifact_root=staging / "artifacts")
     from stitchcuda.progress import EventPrinter
     from stitchcuda.shared.report import vs_compile
 
-    printer = EventPrinter(console)
+    printer = EventPrinter(console, max_rounds=rounds)
     try:
         job = platform.run(spec, on_event=printer)
     except ProblemError as exc:
@@ -131,13 +132,13 @@ def optimize(
     _write_out(platform, job, out)
     shutil.rmtree(staging, ignore_errors=True)
     if job.status.state != jobs_pb2.JOB_STATE_SUCCEEDED:
-        console.print(f"[bold red]no verified program:[/] {first_line}")
+        console.print(f"[bold red]no verified program:[/] {first_line} ({printer.rounds_line()})")
         console.print(f"report: {out / 'report.html'}")
         raise typer.Exit(EXIT_REJECTED)
     status = job.status
     console.print(
         f"[bold green]verified[/] {prob.name}: [bold]{status.best_speedup_vs_eager:.2f}x[/] vs eager, "
-        f"{vs_compile(status.best_speedup_vs_compile)} ({status.best_candidate_id})"
+        f"{vs_compile(status.best_speedup_vs_compile)} ({status.best_candidate_id}; {printer.rounds_line()})"
     )
     console.print(f"wrote {out / 'model_new.py'}, {out / 'report.html'}")
 

@@ -10,6 +10,8 @@ from rich.status import Status
 from rich.table import Table
 
 from stitchcuda.api.v1 import jobs_pb2, verify_pb2
+from stitchcuda.shared import pipeline
+from stitchcuda.shared.report import interval_text
 
 _STYLE = {
     jobs_pb2.EVENT_KIND_STATE: "bold",
@@ -22,12 +24,17 @@ _STYLE = {
 class EventPrinter:
     """Prints lasting events as lines and keeps the latest progress message on a spinner."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, max_rounds: int | None = None) -> None:
         self.console = console
         self.started = time.monotonic()
         self._status: Status | None = None
+        self.max_rounds = max_rounds
+        # Rounds whose coder or verifier reported (numbered from 0, as in the messages and candidate ids).
+        self.rounds_seen: set[int] = set()
 
     def __call__(self, event: jobs_pb2.JobEvent) -> None:
+        if event.stage in ("code", "verify") and event.kind != jobs_pb2.EVENT_KIND_PROGRESS:
+            self.rounds_seen.add(int(event.round))
         stamp = f"[dim]{time.monotonic() - self.started:6.1f}s[/]"
         stage = f"[magenta]{event.stage or '-':>8}[/]"
         if event.kind == jobs_pb2.EVENT_KIND_PROGRESS:
@@ -41,6 +48,11 @@ class EventPrinter:
         style = _STYLE.get(event.kind, "")
         message = f"[{style}]{event.message}[/]" if style else event.message
         self.console.print(f"{stamp} {stage} {message}", highlight=False)
+
+    def rounds_line(self) -> str:
+        """'3 of up to 3 rounds (round 0 generates, rounds 1-2 optimize) run', the banner's words."""
+        asked = pipeline.rounds_text(self.max_rounds) if self.max_rounds is not None else "the rounds"
+        return f"{len(self.rounds_seen)} of {asked} run"
 
     def stop(self) -> None:
         if self._status is not None:
@@ -63,6 +75,20 @@ def print_verdict(console: Console, verdict: verify_pb2.Verdict) -> None:
             )
             + f" · custom-kernel share {100 * verdict.custom_kernel_share:.0f}%"
         )
+        if timing.rounds:
+            console.print(
+                f"  {100 * timing.confidence:.0f}% interval vs eager "
+                f"{interval_text(timing.speedup_vs_eager_low, timing.speedup_vs_eager_high) or 'n/a'}"
+                + (
+                    f", vs torch.compile "
+                    f"{interval_text(timing.speedup_vs_compile_low, timing.speedup_vs_compile_high) or 'n/a'}"
+                    if timing.compile_available
+                    else ""
+                )
+                + f" · {timing.rounds} interleaved rounds · eager baseline {timing.eager_source}"
+                + (f", torch.compile {timing.compile_source}" if timing.compile_source else "")
+                + (" · [yellow]noisy[/]" if timing.noisy else "")
+            )
     if verdict.findings:
         table = Table(show_header=True, header_style="bold")
         for col in ("rule", "severity", "detail", "where"):

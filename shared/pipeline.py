@@ -120,6 +120,26 @@ class Decision:
     actions: tuple[Action, ...]
 
 
+def rounds_total(max_rounds: int) -> int:
+    """The rounds a job may run: round 0 generates, rounds 1..max_rounds optimize (a re-plan happens
+    within them). The one count the banner, the progress and the report all show."""
+    return max(0, max_rounds) + 1
+
+
+def rounds_text(max_rounds: int) -> str:
+    """'up to 3 rounds (round 0 generates, rounds 1-2 optimize)': how a person reads the rounds asked for."""
+    total = rounds_total(max_rounds)
+    if total == 1:
+        return "up to 1 round (round 0 generates)"
+    rest = "round 1 optimizes" if total == 2 else f"rounds 1-{total - 1} optimize"
+    return f"up to {total} rounds (round 0 generates, {rest})"
+
+
+def rounds_run(state: LoopState) -> int:
+    """Rounds started so far, the current one included (numbered from 0, like candidates r<round>c<i>)."""
+    return state.round + 1
+
+
 def start(limits: Limits) -> Decision:
     """A new job: plan first."""
     return Decision(LoopState(limits=limits), (Action(ActionType.PLAN),))

@@ -29,6 +29,14 @@ def _verdict_row(round_: int, index: int, verdict: verify_pb2.Verdict) -> dict[s
         "speedup_vs_compile": verdict.speedup_vs_compile,
         "custom_kernel_share": verdict.custom_kernel_share,
         "median_ms": verdict.timing.median_ms,
+        "speedup_vs_eager_low": verdict.timing.speedup_vs_eager_low,
+        "speedup_vs_eager_high": verdict.timing.speedup_vs_eager_high,
+        "speedup_vs_compile_low": verdict.timing.speedup_vs_compile_low,
+        "speedup_vs_compile_high": verdict.timing.speedup_vs_compile_high,
+        "timing_rounds": verdict.timing.rounds,
+        "eager_source": verdict.timing.eager_source,
+        "compile_source": verdict.timing.compile_source,
+        "noisy": verdict.timing.noisy,
         "eager_ms": verdict.timing.eager_ms,
         "compile_ms": verdict.timing.compile_ms,
         "reason": verdict.reason,
@@ -109,6 +117,11 @@ def build(
         rows.append(_verdict_row(round_, index, verdict))
         details[f"r{round_}c{index}"] = _verdict_detail(verdict)
     rows.sort(key=lambda r: (r["round"], r["index"]))
+    max_rounds = job.spec.options.max_rounds if job.spec.HasField("options") else 0
+    if state is not None:
+        max_rounds, run = state.limits.max_rounds, pipeline.rounds_run(state)
+    else:
+        run = max((r["round"] for r in rows), default=-1) + 1
     best_id = f"r{state.best.round}c{state.best.index}" if state and state.best else ""
     return {
         "job_id": job.job_id,
@@ -123,6 +136,9 @@ def build(
         "best": details.get(best_id),
         "best_row": next((r for r in rows if f"r{r['round']}c{r['index']}" == best_id), None),
         "rounds": rows,
+        "rounds_run": run,
+        "rounds_total": pipeline.rounds_total(max_rounds),
+        "rounds_text": pipeline.rounds_text(max_rounds),
         "replans": int(job.status.replans),
         "error_code": job.status.error_code,
         "last_rejection": None if best_id else next(reversed(details.values()), None),
@@ -139,6 +155,9 @@ def to_html(data: dict[str, Any]) -> str:
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["pct"] = lambda v: f"{100 * float(v or 0):.1f}%"
     env.filters["x"] = lambda v: speedup_text(float(v or 0))
+    env.filters["interval"] = lambda row, which: interval_text(
+        float(row.get(f"speedup_vs_{which}_low") or 0), float(row.get(f"speedup_vs_{which}_high") or 0)
+    )
     env.filters["ms"] = lambda v: f"{float(v or 0):.4f} ms"
     env.filters["si"] = _si
     return env.from_string(template).render(r=data)
@@ -147,6 +166,11 @@ def to_html(data: dict[str, Any]) -> str:
 def speedup_text(value: float) -> str:
     """A speedup as people read it; 0 means the baseline was not measured (or not available)."""
     return f"{value:.2f}x" if value > 0 else "n/a"
+
+
+def interval_text(low: float, high: float) -> str:
+    """'1.18-1.30x', the speedup's confidence interval, or '' when the verdict has none."""
+    return f"{low:.2f}-{high:.2f}x" if high > low > 0 else ""
 
 
 def vs_compile(value: float) -> str:
