@@ -75,5 +75,7 @@ def test_malformed_rounds_from_the_runner_are_dropped():
     assert speedup.rounds_of({"a": 1}) == []
     t = verify_pb2.TimingResult(median_ms=2.0)
     # Eager rounds that do not pair with the candidate's are not used: the cached figure is.
-    speedup.fill(t, {"rounds": [[2.0], [2.0]], "eager_rounds": [[4.0]]}, eager_ms=3.0, compile_ms=0.0, noise=0.1)
+    speedup.fill(
+        t, {"rounds": [[2.0], [2.0]], "eager_rounds": [[4.0]]}, eager_ms=3.0, compile_ms=0.0, noise=0.1
+    )
     assert t.eager_source == "cached" and t.speedup_vs_eager == pytest.approx(1.5)

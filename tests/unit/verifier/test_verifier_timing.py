@@ -28,7 +28,7 @@ def test_cpu_verdict_carries_interleaved_rounds_and_an_interval(service: Verifie
     assert t.noisy == any(f.rule == "D7.noisy" for f in verdict.findings)
 
 
-SLOW_BASELINE = '''
+SLOW_BASELINE = """
 import time
 import sc_test_elementwise as ext
 import torch
@@ -50,7 +50,7 @@ class ModelNew(nn.Module):
 
     def forward(self, x):
         return ext.fused_forward(x, self.scale, self.shift)
-'''
+"""
 
 
 def test_a_candidate_that_slows_the_reference_beside_it_is_rejected(service: VerifierService, tmp_path):
