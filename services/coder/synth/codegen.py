@@ -726,7 +726,16 @@ class Host:
         out = tensor_var(k.root)
         dtype = self.g.values[k.root].dtype
         if k.inplace:
-            return [f"at::Tensor {out} = O{info.operand_index(k.inplace)}_{k.name};"]
+            target = f"O{info.operand_index(k.inplace)}_{k.name}"
+            lines = [f"at::Tensor {out} = {target};"]
+            if k.root in self.g.writebacks:
+                # A contiguous operand is the buffer itself (a strided one would be a copy, updated in vain).
+                lines.insert(
+                    0,
+                    f"TORCH_CHECK({tensor_var(k.inplace)}.is_contiguous(), "
+                    f'"{k.name}: the model state {k.inplace} must be contiguous to be updated in place");',
+                )
+            return lines
         return [f"at::Tensor {out} = at::empty({shape_expr}, opts.dtype({AT_DTYPE[dtype]}));"]
 
     def ptr(self, info: KernelInfo, i: int) -> str:

@@ -178,7 +178,7 @@ class Fuser:
 
     # ---- which values live in memory ---------------------------------------------------------------
     def initial_materialized(self) -> set[str]:
-        m: set[str] = set(self.g.outputs)
+        m: set[str] = set(self.g.outputs) | set(self.g.writebacks)
         for op in self.g.ops:
             if op.kind in (INPUT, PARAM, VIEW, LIB, HOST) or op.kind not in (EW, REDUCE, POOL):
                 m.add(op.out)
@@ -407,6 +407,14 @@ class Fuser:
         return kernel
 
     def inplace_candidate(self, kernel: Kernel) -> str:
+        buffer = self.g.writebacks.get(kernel.root)
+        if buffer is not None:
+            # Model state updated in place: the kernel reads and writes the same element of the buffer.
+            if not any(o.id == buffer and o.access == "contig" for o in kernel.operands):
+                raise Unsupported(
+                    f"{kernel.root}: the update of {buffer} does not read it element for element"
+                )
+            return buffer
         root = self.g.values[kernel.root]
         if root.dtype != "float32":
             return ""
@@ -497,15 +505,18 @@ def schedule(graph: Graph, variant: Variant, plan: plan_pb2.Plan | None = None) 
             steps.append(Step(kernel=by_root[op.out]))
         elif op.kind in (VIEW, LIB, HOST) or op.kind not in (EW, REDUCE, POOL, INPUT, PARAM):
             steps.append(Step(op=op))
-    _check_inplace(steps)
+    _check_inplace(steps, graph)
     return Program(graph, steps, kernels, collect_attrs(graph))
 
 
-def _check_inplace(steps: list[Step]) -> None:
-    """An epilogue may overwrite a library result only if nothing later still reads that buffer."""
+def _check_inplace(steps: list[Step], graph: Graph) -> None:
+    """An epilogue may overwrite a library result only if nothing later still reads that buffer.
+
+    State writebacks are exempt: a later reader of the buffer must see the update, as in the reference.
+    """
     for i, step in enumerate(steps):
         k = step.kernel
-        if k is None or not k.inplace:
+        if k is None or not k.inplace or k.root in graph.writebacks:
             continue
         for later in steps[i + 1 :]:
             reads = (

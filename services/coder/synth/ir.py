@@ -105,6 +105,9 @@ class Graph:
     params: dict[str, str] = field(default_factory=dict)
     outputs: list[str] = field(default_factory=list)
     output_is_tuple: bool = False
+    # Model state the forward updates (BatchNorm's running statistics in training mode): new value id ->
+    # the param value whose buffer it is written into, in place, by the kernel that computes it.
+    writebacks: dict[str, str] = field(default_factory=dict)
     producer: dict[str, Op] = field(default_factory=dict)
 
     def add_value(self, value: Value) -> Value:

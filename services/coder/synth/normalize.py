@@ -732,6 +732,63 @@ class Normalizer:
             y = self.emit_ew("add", [y, b], [], origin)
         return y
 
+    def batch_norm_train(
+        self,
+        x: Ref,
+        running_mean: Ref | None,
+        running_var: Ref | None,
+        weight: Ref | None,
+        bias: Ref | None,
+        momentum: Arg | None,
+        eps: Arg,
+        origin: str,
+    ) -> Ref:
+        """Normalizes with the batch's statistics and, as torch does, updates the running statistics in place.
+
+        The running mean takes the batch mean and the running variance the unbiased batch variance, each
+        blended by `momentum`; the update is written into the model's buffers by the kernel that computes
+        it (graph.writebacks). num_batches_tracked is not advanced: only momentum=None reads it, and that
+        is refused here.
+        """
+        shape = self.shape_of(x)
+        rank = len(shape)
+        if rank < 2:
+            raise Unsupported(f"{origin}: batch norm of a rank-{rank} tensor")
+        dims = (0, *range(2, rank))
+        count = math.prod(shape[d] for d in dims)
+        mean = self.reduce("mean", x, dims, True, origin)
+        d = self.emit_ew("sub", [x, mean], [], origin)
+        var = self.reduce("mean", self.emit_ew("mul", [d, d], [], origin), dims, True, origin)
+        rstd = self.emit_ew("rsqrt", [self.emit_ew("add", [var, eps], [], origin)], [], origin)
+        y = self.emit_ew("mul", [d, rstd], [], origin)
+        w = self.channel_view(weight, rank, origin)
+        b = self.channel_view(bias, rank, origin)
+        if w is not None:
+            y = self.emit_ew("mul", [y, w], [], origin)
+        if b is not None:
+            y = self.emit_ew("add", [y, b], [], origin)
+        if running_mean is None or running_var is None:
+            return y
+        if momentum is None or (isinstance(momentum, Const) and momentum.value is None):
+            raise Unsupported(f"{origin}: batch norm with momentum=None (a cumulative average)")
+        if count < 2:
+            raise Unsupported(f"{origin}: batch norm over one value per channel")
+        c = shape[1]
+        mean_c = self.view_op("reshape", mean, {"shape": [-1]}, (c,), origin)
+        var_c = self.view_op("reshape", var, {"shape": [-1]}, (c,), origin)
+        n = self.count_expr(x, dims, origin, count)
+        n_minus_1 = self.host_binary("sub", n, Const(1), origin, float(count - 1))
+        correction = self.host_binary("truediv", n, n_minus_1, origin, count / (count - 1))
+        unbiased = self.emit_ew("mul", [var_c, correction], [], origin)
+        for buffer, batch in ((running_mean, mean_c), (running_var, unbiased)):
+            # running + momentum * (batch - running): torch's (1 - m) * running + m * batch.
+            step = self.emit_ew(
+                "mul", [self.emit_ew("sub", [batch, buffer], [], origin), momentum], [], origin
+            )
+            new = self.emit_ew("add", [buffer, step], [], origin)
+            self.g.writebacks[new.id] = buffer.id
+        return y
+
     def instance_norm(self, x: Ref, weight: Ref | None, bias: Ref | None, eps: Arg, origin: str) -> Ref:
         rank = len(self.shape_of(x))
         dims = tuple(range(2, rank))
@@ -802,19 +859,17 @@ class Normalizer:
     def fn_batch_norm(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
         names = ["input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"]
         got = dict(zip(names, args, strict=False)) | kwargs
-        if self.literal(got.get("training", Const(False))):
-            raise Unsupported(f"{node.name}: batch_norm in training mode")
-        if got.get("running_mean") is None:
-            raise Unsupported(f"{node.name}: batch_norm without running statistics")
         eps = self.scalar(got.get("eps"), 1e-5)
+        mean, var = got.get("running_mean"), got.get("running_var")
+        if self.literal(got.get("training", Const(False))):
+            momentum = self.scalar(got.get("momentum"), 0.1)
+            return self.batch_norm_train(
+                got["input"], mean, var, got.get("weight"), got.get("bias"), momentum, eps, node.name
+            )
+        if mean is None or var is None:
+            raise Unsupported(f"{node.name}: batch_norm without running statistics")
         return self.batch_norm_eval(
-            got["input"],
-            got["running_mean"],
-            got["running_var"],
-            got.get("weight"),
-            got.get("bias"),
-            eps,
-            node.name,
+            got["input"], mean, var, got.get("weight"), got.get("bias"), eps, node.name
         )
 
     def fn_instance_norm(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
@@ -1161,21 +1216,15 @@ class Normalizer:
             self.define(node, y)
             return
         if cls in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d"):
-            if mod.get("training") or not a.get("track_running_stats", True):
-                raise Unsupported(f"{node.name}: batch norm in training mode (only inference is lowered)")
-            mean, var = self.module_param(node, "running_mean"), self.module_param(node, "running_var")
-            if mean is None or var is None:
-                raise Unsupported(f"{node.name}: batch norm without running statistics")
             eps = self.mod_attr(node, "eps")
-            y = self.batch_norm_eval(
-                x,
-                mean,
-                var,
-                self.module_param(node, "weight"),
-                self.module_param(node, "bias"),
-                eps,
-                node.name,
-            )
+            mean, var = self.module_param(node, "running_mean"), self.module_param(node, "running_var")
+            weight, bias = self.module_param(node, "weight"), self.module_param(node, "bias")
+            if mod.get("training") or mean is None or var is None:
+                # Batch statistics: training mode, or a norm that keeps no running statistics.
+                momentum = self.mod_attr(node, "momentum") if mod.get("training") else None
+                y = self.batch_norm_train(x, mean, var, weight, bias, momentum, eps, node.name)
+            else:
+                y = self.batch_norm_eval(x, mean, var, weight, bias, eps, node.name)
             self.define(node, y)
             return
         if cls in ("InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d"):

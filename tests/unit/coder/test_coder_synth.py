@@ -242,7 +242,8 @@ def test_unsupported_construct_is_reported(synth: Synthesizer) -> None:
         synth.synthesize(ref, None, variant=Variant(), device="cpu")
 
 
-def _build_and_compare(synth: Synthesizer, name: str) -> None:
+def _build(synth: Synthesizer, name: str) -> tuple[dict[str, object], dict[str, object]]:
+    """Builds the CPU program for a suite problem; returns the reference's and model_new's namespaces."""
     from torch.utils.cpp_extension import load
 
     ref = source(name)
@@ -268,6 +269,11 @@ def _build_and_compare(synth: Synthesizer, name: str) -> None:
     exec(compile(ref, "reference.py", "exec"), ns)
     mn: dict[str, object] = {"__name__": "model_new"}
     exec(compile(synthesis.files["model_new.py"], "model_new.py", "exec"), mn)
+    return ns, mn
+
+
+def _build_and_compare(synth: Synthesizer, name: str) -> None:
+    ns, mn = _build(synth, name)
     init = ns["get_init_inputs"]()  # type: ignore[operator]
     torch.manual_seed(0)
     model = ns["Model"](*init)  # type: ignore[operator]
@@ -291,6 +297,30 @@ def _build_and_compare(synth: Synthesizer, name: str) -> None:
 @pytest.mark.parametrize("name", ["01_elementwise_chain", "04_softmax"])
 def test_compiled_cpu_program_matches_the_reference(synth: Synthesizer, name: str) -> None:
     _build_and_compare(synth, name)
+
+
+@pytest.mark.slow
+def test_batch_norm_in_training_mode_normalizes_by_the_batch_and_updates_the_running_statistics(
+    synth: Synthesizer,
+) -> None:
+    ns, mn = _build(synth, "17_conv_batchnorm_train")
+    init = ns["get_init_inputs"]()  # type: ignore[operator]
+    torch.manual_seed(0)
+    model = ns["Model"](*init)  # type: ignore[operator]
+    torch.manual_seed(0)
+    new = mn["ModelNew"](*init)  # type: ignore[operator]
+    assert model.training and new.training
+    for call in range(3):
+        torch.manual_seed(20 + call)
+        inputs = [x * (call + 1) for x in ns["get_inputs"]()]  # type: ignore[operator]
+        with torch.no_grad():
+            expected, got = model(*inputs), new(*inputs)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+        # The same in-place update of the buffers as torch's (momentum 0.2, unbiased variance).
+        for buffer in ("running_mean", "running_var"):
+            mine, theirs = getattr(new.bn, buffer), getattr(model.bn, buffer)
+            torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6, msg=f"{buffer} after call {call}")
+    assert not torch.equal(new.bn.running_var, torch.ones_like(new.bn.running_var))
 
 
 LIBRARY_PROBLEMS = ["06_gemm_bias_relu", "07_conv_relu", "08_mlp", "09_cnn_block", "12_attention", "13_residual_block",
