@@ -132,16 +132,20 @@ class Isolation:
     def command(self, script: Path, args: list[str], work: Path, device: str) -> list[str]:
         """`python -I script args...` in `work`, under the limits (and bubblewrap where it works)."""
         memory = self.memory_mb << 20 if device == "cpu" else 0
+        # The real file: a linked install's link would point outside the folders the sandbox shows.
+        script = script.resolve()
         base = [sys.executable, "-I", "-c", LAUNCH, str(memory), str(script), *args]
         if self.uses_bwrap(device):
             exe = shutil.which("bwrap") or "bwrap"
-            return [*bwrap_prefix(exe, work, device == "cuda", (script.resolve().parent,)), *base]
+            return [*bwrap_prefix(exe, work, device == "cuda", (script.parent,)), *base]
         return base
 
     @staticmethod
     def env(work: Path, **extra: str) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
         env.update(HOME=str(work), TMPDIR=str(work), TORCHINDUCTOR_CACHE_DIR=str(work / "inductor"))
+        # getpass.getuser() reads these before the password database, which may not know the uid.
+        env.update(USER="stitchcuda", LOGNAME="stitchcuda")
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env.update(extra)
         return env

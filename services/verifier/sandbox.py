@@ -57,6 +57,9 @@ ENV_DENY = re.compile(
 )
 
 
+SANDBOX_USER = "stitchcuda"
+
+
 def clean_env(env: dict[str, str]) -> dict[str, str]:
     """Keeps only allowlisted variables, and drops anything that looks like a secret even then."""
     return {k: v for k, v in env.items() if k in ENV_ALLOW and not ENV_DENY.search(k)}
@@ -319,6 +322,10 @@ class Sandbox:
             {
                 "PATH": ":".join(bins),
                 "HOME": work,
+                # getpass.getuser() (inductor, triton) falls back to the password database, which has
+                # no entry for the uid a container or a sandbox often runs as: torch.compile then fails.
+                "USER": SANDBOX_USER,
+                "LOGNAME": SANDBOX_USER,
                 "TMPDIR": f"{work}/tmp" if self.mode != "bwrap" else "/tmp",
                 "PYTHONDONTWRITEBYTECODE": "1",
                 # The reference compiles the torch.compile baseline: inductor's parallel compile cuts
