@@ -145,7 +145,12 @@ def build_stores(settings: CommonSettings, *, public_endpoint: str = "") -> Stor
 
 
 def build_workflow(settings: CommonSettings, stores: Stores, **kwargs: Any) -> Workflow:
-    """The workflow every process drives jobs with, over the given stores."""
+    """The workflow every process drives jobs with, over the given stores (on the platform, with the
+    shared admission: every process that ends a job hands its running slot on)."""
+    if stores.redis is not None and "admission" not in kwargs:
+        from stitchcuda.shared.admission import RedisAdmission
+
+        kwargs["admission"] = RedisAdmission(stores.redis)
     return Workflow(
         stores.jobs,
         stores.artifacts,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -24,6 +25,9 @@ from stitchcuda.shared.jobstore import JobStore
 from stitchcuda.shared.logs import log_context
 from stitchcuda.shared.problem import validate_source
 from stitchcuda.shared.transport import CODER, PLANNER, VERIFIER_BUILD, VERIFIER_CPU, Transport
+
+if TYPE_CHECKING:
+    from stitchcuda.shared.admission import Admission
 
 log = logging.getLogger("stitchcuda.workflow")
 
@@ -74,6 +78,7 @@ class Workflow:
         max_reference_bytes: int = 256 * 1024,
         inline_reference_bytes: int = 64 * 1024,
         verify_policy: verify_pb2.VerifyPolicy | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.jobs = jobs
         self.artifacts = artifacts
@@ -82,6 +87,8 @@ class Workflow:
         self._max_reference_bytes = max_reference_bytes
         self._inline_reference_bytes = inline_reference_bytes
         self._verify_policy = verify_policy or verify_pb2.VerifyPolicy()
+        # Without an admission (embedded mode) every job starts at once.
+        self.admission = admission
 
     # -- entry points -------------------------------------------------------------------------------
 
@@ -99,7 +106,8 @@ class Workflow:
         planning state in one step, with its first events and loop state, then the plan message goes
         out; a reference above the inline size is stored first, so an unreachable artifact store
         fails the submit before any job exists. Smaller ones live in the job record only (workers and
-        downloads read them from there).
+        downloads read them from there). With an admission and no free running slot (or other jobs
+        waiting for one), the job is stored queued instead and started when its tenant's turn comes.
         """
         name = spec.problem_name or "reference"
         if not validated:
@@ -127,9 +135,18 @@ class Workflow:
         if len(reference) > self._inline_reference_bytes:
             self.artifacts.put(key, reference, "text/x-python")
         submitted = self._new_event(job, jobs_pb2.EVENT_KIND_STATE, "submitted", stage="queued")
+        if self.admission is not None and not self.admission.arrive(tenant_id, job.job_id):
+            return self._queue(job, submitted, state)
         started = self._enter_phase(job, state)
-        stored = self.jobs.create(job, events=(submitted, started), loop_state=state.to_json())
+        try:
+            stored = self.jobs.create(job, events=(submitted, started), loop_state=state.to_json())
+        except BaseException:
+            if self.admission is not None:
+                self.admission.finish(tenant_id, job.job_id)
+            raise
         if stored is not job:
+            if self.admission is not None and stored.job_id != job.job_id:
+                self.admission.finish(tenant_id, job.job_id)
             return stored
         try:
             with log_context(job_id=job.job_id, tenant_id=tenant_id):
@@ -139,6 +156,85 @@ class Workflow:
             self._fail_unsent(job, exc)
             raise
         return job
+
+    def _queue(
+        self, job: jobs_pb2.Job, submitted: jobs_pb2.JobEvent, state: pipeline.LoopState
+    ) -> jobs_pb2.Job:
+        """Stores the job in its queued state, behind its tenant's waiting jobs; `start` sends it on."""
+        assert self.admission is not None
+        job.status.message = "queued: waiting for a free slot"
+        stored = self.jobs.create(job, events=(submitted,), loop_state=state.to_json())
+        if stored is not job:
+            return stored
+        try:
+            self.admission.enqueue(job.tenant_id, job.job_id)
+        except BaseException as exc:
+            self._fail_unsent(job, exc)
+            raise
+        self.dispatch()
+        return job
+
+    def dispatch(self) -> int:
+        """Starts the waiting jobs that free running slots admit (fairly across tenants); returns how many.
+
+        Called after a submit, after a job ends and periodically by the gateway; a failure here only
+        delays jobs until the next call.
+        """
+        if self.admission is None:
+            return 0
+        started = 0
+        for _ in range(100):
+            try:
+                taken = self.admission.take()
+            except StitchError as exc:
+                log.warning("could not dispatch waiting jobs: %s", exc)
+                break
+            if not taken:
+                break
+            for job_id in taken:
+                try:
+                    started += self.start(job_id)
+                except StitchError as exc:
+                    # The sweep starts a job that holds a slot but stayed queued.
+                    log.warning("could not start job %s: %s", job_id, exc)
+        return started
+
+    def repair_admission(self) -> int:
+        """After a crash: releases places held by ended or missing jobs, starts jobs that hold a slot but
+        stayed queued, then fills free slots. Returns how many places it released."""
+        if self.admission is None:
+            return 0
+        sweep = self.admission.sweep()
+        if sweep.released:
+            log.info("admission sweep released %d place(s) of ended or missing jobs", sweep.released)
+        for job_id in sweep.stuck:
+            try:
+                self.start(job_id)
+            except StitchError as exc:
+                log.warning("could not start job %s: %s", job_id, exc)
+        self.dispatch()
+        return sweep.released
+
+    def start(self, job_id: str) -> bool:
+        """Sends a queued job to its first stage (it was given a running slot); False if it is not queued."""
+        with self.jobs.lock(job_id):
+            job = self.jobs.get(job_id)
+            raw = self.jobs.load_state(job_id)
+            if job.status.state != jobs_pb2.JOB_STATE_QUEUED or raw is None:
+                return False
+            state = pipeline.LoopState.from_json(raw)
+            try:
+                with log_context(job_id=job.job_id, tenant_id=job.tenant_id):
+                    for action in pipeline.start(limits_of(job.spec.options)).actions:
+                        self._carry_out(job, state, action)
+                event = self._enter_phase(job, state)
+                self.jobs.put(job)
+                self.jobs.append_event(event)
+                return True
+            except StitchError as exc:
+                failure = exc
+        self._fail_unsent(job, failure)  # outside the lock, which it takes itself
+        return False
 
     def _fail_unsent(self, job: jobs_pb2.Job, exc: BaseException) -> None:
         """A job whose first message never went out is failed with the reason instead of left waiting."""
@@ -152,8 +248,14 @@ class Workflow:
                 self.jobs.put(current)
                 metrics.record_job_finished(current)
                 self._event(current, jobs_pb2.EVENT_KIND_STATE, current.status.message, stage="failed")
+                self._ended(current)
         except StitchError as error:
             log.warning("could not fail the unsent job %s: %s", job.job_id, error)
+
+    def _ended(self, job: jobs_pb2.Job) -> None:
+        """Every path that ends a job comes here: its running slot and its tenant's place are released."""
+        if self.admission is not None:
+            self.admission.finish(job.tenant_id, job.job_id)
 
     def cancel(self, job_id: str, reason: str = "cancelled by the user") -> jobs_pb2.Job:
         self._advance(job_id, pipeline.Event(pipeline.EventType.CANCEL, reason=reason), guard=None)
@@ -296,21 +398,24 @@ class Workflow:
                 if raw is None:
                     raise InvalidRequest(f"job {job_id} has no loop state")
                 decision = pipeline.decide(pipeline.LoopState.from_json(raw), event)
-                self._apply(job_id, decision, summary=summary)
+                ended = self._apply(job_id, decision, summary=summary)
             except BaseException:
                 # A store failed part-way: forget the claim so the redelivered message redoes the step.
                 if claimed is not None:
                     self.jobs.release(claimed)
                 raise
+        if ended:
+            self.dispatch()  # outside the job's lock: the freed slot goes to the next tenant's job
 
     def _apply(
         self, job_id: str, decision: pipeline.Decision, *, summary: jobs_pb2.RoundSummary | None = None
-    ) -> None:
+    ) -> bool:
         """Carries out the decision's actions, then saves the new loop state (caller holds the job lock).
 
         The state is saved last: if an action fails, the old state stays and a redelivery decides again.
         The job record is read once and written once or twice (Redis round trips are most of a round's
-        orchestration cost); it is read again only after actions that write it themselves.
+        orchestration cost); it is read again only after actions that write it themselves. True when
+        the job ended here.
         """
         state = decision.state
         job = self.jobs.get(job_id)
@@ -335,6 +440,9 @@ class Workflow:
             self.jobs.append_event(event)
             if job.status.state in TERMINAL_STATES:
                 metrics.record_job_finished(job)
+                self._ended(job)
+                return True
+        return False
 
     def _enter_phase(self, job: jobs_pb2.Job, state: pipeline.LoopState) -> jobs_pb2.JobEvent:
         """Moves the job's status to the loop phase's state; returns the state event that says so."""

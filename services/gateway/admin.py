@@ -1,7 +1,13 @@
-"""`stitchcuda admin`: create tenants, issue and revoke API keys, set quotas, list."""
+"""`stitchcuda admin`: create tenants, issue and revoke API keys, set quotas, list.
+
+Changes reach every running gateway within STITCH_TENANCY_REFRESH_S (0.2 s by default). Help and
+tables fit 80 columns: option values are shown as short metavars, and the tenant table keeps to the
+columns an operator acts on.
+"""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 import typer
@@ -24,10 +30,19 @@ app.add_typer(quota_app, name="quota")
 err = Console(stderr=True)
 out = Console()
 
-MaxJobs = Annotated[int | None, typer.Option("--max-concurrent-jobs", min=0, help="Queued + running jobs.")]
-GpuSeconds = Annotated[float | None, typer.Option("--gpu-seconds-per-month", min=0)]
-Submits = Annotated[int | None, typer.Option("--submits-per-minute", min=0)]
-Requests = Annotated[int | None, typer.Option("--requests-per-minute", min=0)]
+MaxJobs = Annotated[
+    int | None,
+    typer.Option("--max-concurrent-jobs", min=0, metavar="N", help="Queued + running jobs."),
+]
+GpuSeconds = Annotated[
+    float | None, typer.Option("--gpu-seconds-per-month", min=0, metavar="S", help="GPU-seconds a month.")
+]
+Submits = Annotated[
+    int | None, typer.Option("--submits-per-minute", min=0, metavar="N", help="Job submits a minute.")
+]
+Requests = Annotated[
+    int | None, typer.Option("--requests-per-minute", min=0, metavar="N", help="API requests a minute.")
+]
 
 
 def open_tenancy(settings: GatewaySettings | None = None) -> Tenancy:
@@ -57,7 +72,7 @@ def tenant_create(
     gpu_seconds_per_month: GpuSeconds = None,
     submits_per_minute: Submits = None,
     requests_per_minute: Requests = None,
-    issue_key: Annotated[bool, typer.Option(help="Also issue a first API key.")] = True,
+    no_key: Annotated[bool, typer.Option("--no-key", help="Issue no first API key.")] = False,
 ) -> None:
     """Creates a tenant with the default quotas (or the ones given) and, by default, a first key."""
     try:
@@ -71,7 +86,7 @@ def tenant_create(
             requests_per_minute=requests_per_minute,
         )
         err.print(f"created tenant [bold]{tenant.tenant_id}[/] {tenant.quota}")
-        if issue_key:
+        if not no_key:
             info, key = tenancy.issue_key(tenant_id, "first key")
             err.print(f"API key {info.key_id} (shown once; store it now):")
             out.print(key, highlight=False, soft_wrap=True)
@@ -81,22 +96,33 @@ def tenant_create(
 
 @tenant_app.command("list")
 def tenant_list() -> None:
-    """Tenants with their quotas and this month's usage."""
+    """Tenants: quotas, running and queued jobs, this month's GPU-seconds."""
+    from stitchcuda.shared.admission import RedisAdmission
+
     try:
         tenancy = open_tenancy()
-        table = Table(
-            "tenant", "name", "disabled", "max jobs", "active", "GPU-s used", "GPU-s quota", "submits/min"
-        )
+        assert isinstance(tenancy.store, RedisTenantStore)
+        admission = RedisAdmission(tenancy.store.redis)
+        # Counts are repaired first: places held by jobs that ended or vanished in a crash are released.
+        admission.sweep()
+        table = Table("tenant", "state", "jobs max", "running", "queued", "GPU-s used/quota", "submit/min")
         for t in tenancy.store.list_tenants():
             usage = tenancy.usage_of(t.tenant_id)
+            queued = admission.waiting(t.tenant_id)
             table.add_row(
-                t.tenant_id, t.name, "yes" if t.disabled else "", str(t.quota.max_concurrent_jobs),
-                str(int(usage["active_jobs"])), f"{usage['gpu_seconds']:.0f}",
-                f"{t.quota.gpu_seconds_per_month:.0f}", str(t.quota.submits_per_minute),
+                t.tenant_id if t.name == t.tenant_id else f"{t.tenant_id}\n({t.name})",
+                "disabled" if t.disabled else "enabled",
+                _limit(t.quota.max_concurrent_jobs), str(max(0, int(usage["active_jobs"]) - queued)),
+                str(queued), f"{usage['gpu_seconds']:.0f}/{_limit(t.quota.gpu_seconds_per_month)}",
+                _limit(t.quota.submits_per_minute),
             )  # fmt: skip
         out.print(table)
     except StitchError as exc:
         raise _fail(exc) from None
+
+
+def _limit(value: float) -> str:
+    return f"{value:.0f}" if value else "-"
 
 
 @tenant_app.command("disable")
@@ -111,6 +137,7 @@ def tenant_disable(tenant_id: str) -> None:
 
 @tenant_app.command("enable")
 def tenant_enable(tenant_id: str) -> None:
+    """Accepts the tenant's requests again."""
     try:
         open_tenancy().set_disabled(tenant_id, False)
         err.print(f"tenant {tenant_id} enabled")
@@ -131,7 +158,7 @@ def key_issue(tenant_id: str, label: Annotated[str, typer.Option()] = "") -> Non
 
 @key_app.command("revoke")
 def key_revoke(key_id: str) -> None:
-    """Revokes a key by its id (running gateways stop accepting it within STITCH_KEY_CACHE_S)."""
+    """Revokes a key by its id; every gateway refuses it within a second."""
     try:
         info = open_tenancy().revoke_key(key_id)
     except StitchError as exc:
@@ -141,13 +168,12 @@ def key_revoke(key_id: str) -> None:
 
 @key_app.command("list")
 def key_list(tenant_id: str) -> None:
+    """The tenant's keys: id, label, creation time (never the key itself)."""
     try:
         keys = open_tenancy().store.list_keys(tenant_id)
     except StitchError as exc:
         raise _fail(exc) from None
     table = Table("key id", "label", "created")
-    import time
-
     for k in keys:
         table.add_row(k.key_id, k.label, time.strftime("%Y-%m-%d %H:%M", time.gmtime(k.created_at)))
     out.print(table)

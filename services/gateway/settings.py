@@ -23,8 +23,17 @@ class GatewaySettings(QueueSettings):
     default_gpu_seconds_per_month: float = 36_000.0
     default_submits_per_minute: int = 120
     default_requests_per_minute: int = 6_000
-    # An authenticated key is trusted for this long before it is looked up again (revocation delay).
+    # An authenticated key is trusted for this long before it is looked up again; any change to tenants
+    # or keys (disable, revoke, quota) empties every gateway's cache within tenancy_refresh_s.
     key_cache_s: float = 5.0
+    tenancy_refresh_s: float = Field(default=0.2, ge=0.0, le=1.0)
+    # Jobs running on the platform at once (0: unbounded); the others wait, and a freed slot goes to the
+    # next tenant in turn. About the verifier slots of the platform, or a small multiple of them.
+    max_running_jobs: int = Field(default=16, ge=0)
+    # How often a gateway repairs the admission (places held by jobs a crash left behind) and fills free
+    # running slots; it also does both at start.
+    admission_sweep_s: float = Field(default=30.0, gt=0)
+    admission_dispatch_s: float = Field(default=1.0, gt=0)
 
     # "auto" devices resolve to this: the gateway cannot see the workers' GPUs.
     auto_device: Literal["cpu", "cuda"] = "cpu"

@@ -2,7 +2,12 @@
 
 A key is shown once, when issued; the store keeps HMAC(secret_key, key), so a stolen Redis dump
 yields no usable key. Concurrency is enforced atomically (a Lua script on Redis, a lock in memory):
-a tenant's active set holds its queued and running jobs and drops the ones that ended.
+a tenant's active set holds its queued and running jobs; the Workflow removes a job when it ends, and
+the reservation (and the admission's sweep) drop any that a crash left behind.
+
+Every change to tenants or keys bumps a version in the store. A gateway trusts its cache of
+authenticated keys only while that version is unchanged, and reads it at most every `refresh_s`, so an
+admin change (disable, revoke, quota) reaches every gateway process within that time.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from stitchcuda.api.v1 import jobs_pb2
+from stitchcuda.shared.admission import active_key
 from stitchcuda.shared.errors import (
     Conflict,
     InvalidRequest,
@@ -120,7 +126,13 @@ class TenantStore(Protocol):
 
     def release_job(self, tenant_id: str, job_id: str) -> None: ...
 
-    def active_jobs(self, tenant_id: str) -> list[str]: ...
+    def active_jobs(self, tenant_id: str) -> list[str]:
+        """The tenant's queued and running jobs (ids of ended jobs are dropped on the way)."""
+        ...
+
+    def version(self) -> int:
+        """Changes whenever a tenant or a key is written or removed (caches compare it)."""
+        ...
 
 
 class MemoryTenantStore:
@@ -133,11 +145,13 @@ class MemoryTenantStore:
         self._by_hash: dict[str, ApiKeyInfo] = {}
         self._windows: dict[tuple[str, int], int] = {}
         self._active: dict[str, dict[str, float]] = {}
+        self._version = 0
         self._lock = threading.Lock()
 
     def put_tenant(self, tenant: Tenant) -> None:
         with self._lock:
             self._tenants[tenant.tenant_id] = tenant
+            self._version += 1
 
     def get_tenant(self, tenant_id: str) -> Tenant | None:
         with self._lock:
@@ -151,6 +165,7 @@ class MemoryTenantStore:
         with self._lock:
             self._keys[info.key_id] = (key_hash, info)
             self._by_hash[key_hash] = info
+            self._version += 1
 
     def key_by_hash(self, key_hash: str) -> ApiKeyInfo | None:
         with self._lock:
@@ -162,6 +177,7 @@ class MemoryTenantStore:
             if entry is None:
                 return None
             self._by_hash.pop(entry[0], None)
+            self._version += 1
             return entry[1]
 
     def list_keys(self, tenant_id: str) -> list[ApiKeyInfo]:
@@ -183,24 +199,32 @@ class MemoryTenantStore:
         with self._lock:
             if unless_exists and self._state_of(job_id):
                 return Reservation.EXISTS
-            active = self._active.setdefault(tenant_id, {})
-            now = time.time()
-            for jid, since in list(active.items()):
-                state = self._state_of(jid)
-                if state in TERMINAL or (state == 0 and now - since > RESERVATION_GRACE_S):
-                    del active[jid]
+            active = self._sweep(tenant_id)
             if limit and len(active) >= limit and job_id not in active:
                 return Reservation.FULL
-            active[job_id] = now
+            active[job_id] = time.time()
             return Reservation.RESERVED
 
     def release_job(self, tenant_id: str, job_id: str) -> None:
         with self._lock:
             self._active.get(tenant_id, {}).pop(job_id, None)
 
+    def _sweep(self, tenant_id: str) -> dict[str, float]:
+        active = self._active.setdefault(tenant_id, {})
+        now = time.time()
+        for jid, since in list(active.items()):
+            state = self._state_of(jid)
+            if state in TERMINAL or (state == 0 and now - since > RESERVATION_GRACE_S):
+                del active[jid]
+        return active
+
     def active_jobs(self, tenant_id: str) -> list[str]:
         with self._lock:
-            return sorted(self._active.get(tenant_id, {}))
+            return sorted(self._sweep(tenant_id))
+
+    def version(self) -> int:
+        with self._lock:
+            return self._version
 
 
 # Ended jobs (and reservations whose job never appeared) leave the active set lazily: all of them when
@@ -238,6 +262,7 @@ class RedisTenantStore:
         self.redis = client
         self.prefix = prefix
         self._reserve = client.register_script(_RESERVE)
+        self._version_key = self._k("tenancy", "version")
 
     def _k(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
@@ -247,6 +272,7 @@ class RedisTenantStore:
         pipe = self.redis.pipeline(transaction=True)
         pipe.set(self._k("tenant", tenant.tenant_id), tenant.to_json())
         pipe.sadd(self._k("tenants"), tenant.tenant_id)
+        pipe.incr(self._version_key)
         pipe.execute()
 
     @unavailable_on_error
@@ -268,6 +294,7 @@ class RedisTenantStore:
         pipe.set(self._k("apikey", key_hash), info.to_json())
         pipe.hset(self._k("tenant", info.tenant_id, "keys"), info.key_id, key_hash)
         pipe.set(self._k("apikey-id", info.key_id), key_hash)
+        pipe.incr(self._version_key)
         pipe.execute()
 
     @unavailable_on_error
@@ -286,6 +313,7 @@ class RedisTenantStore:
         pipe.delete(self._k("apikey", key_hash), self._k("apikey-id", key_id))
         if info is not None:
             pipe.hdel(self._k("tenant", info.tenant_id, "keys"), key_id)
+        pipe.incr(self._version_key)
         pipe.execute()
         return info
 
@@ -312,7 +340,7 @@ class RedisTenantStore:
         return Reservation(
             int(
                 self._reserve(
-                    keys=[self._k("tenant", tenant_id, "active")],
+                    keys=[active_key(tenant_id, self.prefix)],
                     args=[
                         job_id,
                         int(limit),
@@ -328,12 +356,16 @@ class RedisTenantStore:
 
     @unavailable_on_error
     def release_job(self, tenant_id: str, job_id: str) -> None:
-        self.redis.zrem(self._k("tenant", tenant_id, "active"), job_id)
+        self.redis.zrem(active_key(tenant_id, self.prefix), job_id)
 
     @unavailable_on_error
     def active_jobs(self, tenant_id: str) -> list[str]:
-        ids = self.redis.zrange(self._k("tenant", tenant_id, "active"), 0, -1)
+        ids = self.redis.zrange(active_key(tenant_id, self.prefix), 0, -1)
         return sorted(i.decode() if isinstance(i, bytes) else i for i in ids)
+
+    @unavailable_on_error
+    def version(self) -> int:
+        return int(self.redis.get(self._version_key) or 0)
 
 
 class Tenancy:
@@ -347,6 +379,7 @@ class Tenancy:
         *,
         default_quota: Quota | None = None,
         key_cache_s: float = 5.0,
+        refresh_s: float = 0.2,
     ) -> None:
         if not secret_key:
             raise ValueError("tenancy needs a secret key (STITCH_SECRET_KEY) to hash API keys")
@@ -355,8 +388,12 @@ class Tenancy:
         self._secret = secret_key.encode()
         self.default_quota = default_quota or Quota()
         self.key_cache_s = key_cache_s
-        self._cache: dict[str, tuple[float, Tenant]] = {}
+        self.refresh_s = refresh_s
+        # digest -> (expires at, the store's version it was read under, the tenant)
+        self._cache: dict[str, tuple[float, int, Tenant]] = {}
         self._cache_lock = threading.Lock()
+        self._version = -1
+        self._version_due = 0.0
 
     def hash_key(self, api_key: str) -> str:
         return hmac.new(self._secret, api_key.encode(), hashlib.sha256).hexdigest()
@@ -420,10 +457,11 @@ class Tenancy:
             raise Unauthenticated("an API key is required (authorization: Bearer <key>, or x-api-key)")
         digest = self.hash_key(api_key)
         now = time.monotonic()
+        version = self._current_version(now) if self.key_cache_s > 0 else 0
         with self._cache_lock:
             cached = self._cache.get(digest)
-        if cached is not None and cached[0] > now:
-            tenant = cached[1]
+        if cached is not None and cached[0] > now and cached[1] == version:
+            tenant = cached[2]
         else:
             info = self.store.key_by_hash(digest)
             tenant_or_none = self.store.get_tenant(info.tenant_id) if info is not None else None
@@ -434,10 +472,25 @@ class Tenancy:
                 with self._cache_lock:
                     if len(self._cache) > 10_000:
                         self._cache.clear()
-                    self._cache[digest] = (now + self.key_cache_s, tenant)
+                    # Tagged with the version read before the lookup: if the store changed meanwhile,
+                    # the next check sees a newer version and the entry is never used.
+                    self._cache[digest] = (now + self.key_cache_s, version, tenant)
         if tenant.disabled:
             raise PermissionDenied(f"tenant {tenant.tenant_id} is disabled")
         return tenant
+
+    def _current_version(self, now: float) -> int:
+        """The store's tenancy version, read at most every refresh_s; a change empties the cache."""
+        with self._cache_lock:
+            if now < self._version_due:
+                return self._version
+        version = self.store.version()
+        with self._cache_lock:
+            if version != self._version:
+                self._cache.clear()
+                self._version = version
+            self._version_due = now + self.refresh_s
+            return version
 
     def check_rate(self, tenant: Tenant, kind: str = "requests") -> None:
         limit = tenant.quota.requests_per_minute if kind == "requests" else tenant.quota.submits_per_minute

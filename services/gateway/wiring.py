@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +14,46 @@ from stitchcuda.gateway.settings import GatewaySettings
 from stitchcuda.gateway.tenancy import MemoryTenantStore, Quota, RedisTenantStore, Tenancy, TenantStore
 from stitchcuda.shared.errors import StitchError
 from stitchcuda.shared.stores import Stores, build_stores, build_workflow
+from stitchcuda.shared.workflow import Workflow
+
+log = logging.getLogger("stitchcuda.gateway")
+
+
+class AdmissionKeeper:
+    """A gateway thread that fills free running slots every dispatch_s and repairs the admission every
+    sweep_s (first at start): a slot freed by a process that died before handing it on is not lost.
+    Each repair also re-applies the platform's running-slot count (a flushed or restarted Redis)."""
+
+    def __init__(self, workflow: Workflow, *, capacity: int, sweep_s: float, dispatch_s: float) -> None:
+        self.workflow = workflow
+        self.capacity = capacity
+        self.sweep_s = sweep_s
+        self.dispatch_s = dispatch_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="admission-keeper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        next_sweep = 0.0
+        while not self._stop.is_set():
+            try:
+                if time.monotonic() >= next_sweep:
+                    if self.workflow.admission is not None:
+                        self.workflow.admission.set_capacity(self.capacity)
+                    self.workflow.repair_admission()
+                    next_sweep = time.monotonic() + self.sweep_s
+                else:
+                    self.workflow.dispatch()
+            except StitchError as exc:
+                log.warning("admission upkeep failed (retried): %s", exc)
+            self._stop.wait(self.dispatch_s)
 
 
 @dataclass
@@ -21,6 +64,7 @@ class GatewayServices:
     checks: dict[str, Callable[[], object]] = field(default_factory=dict)
     stores: Stores | None = None
     collectors: list[Any] = field(default_factory=list)
+    keeper: AdmissionKeeper | None = None
 
     def readiness(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -32,6 +76,8 @@ class GatewayServices:
         return out
 
     def close(self) -> None:
+        if self.keeper is not None:
+            self.keeper.close()
         if self.stores is not None:
             self.stores.close()
 
@@ -69,6 +115,7 @@ def build_tenancy(settings: GatewaySettings, stores: Stores) -> Tenancy:
         settings.secret_key.get_secret_value(),
         default_quota=default_quota(settings),
         key_cache_s=settings.key_cache_s,
+        refresh_s=settings.tenancy_refresh_s,
     )
 
 
@@ -93,4 +140,14 @@ def build_services(settings: GatewaySettings, stores: Stores | None = None) -> G
             collectors.append(metrics.QueueDepthCollector(stores.redis, QUEUES))
         except ImportError:
             pass
-    return GatewayServices(service, tenancy, checks, stores, collectors)
+    keeper = None
+    if workflow.admission is not None:
+        workflow.admission.set_capacity(settings.max_running_jobs)
+        keeper = AdmissionKeeper(
+            workflow,
+            capacity=settings.max_running_jobs,
+            sweep_s=settings.admission_sweep_s,
+            dispatch_s=settings.admission_dispatch_s,
+        )
+        keeper.start()
+    return GatewayServices(service, tenancy, checks, stores, collectors, keeper)

@@ -6,6 +6,7 @@ Knobs (environment, read in the worker process):
   STITCH_FAKE_MARKERS          folder where each verify() start writes `verify-<pid>-<n>` (the test's probe)
   STITCH_FAKE_SPEEDUP          speedup of every accepted verdict (default 1.5)
   STITCH_FAKE_PLAN_FAIL        when set, plan() raises ProblemError with this text
+  STITCH_FAKE_PLAN_FAIL_PREFIX plan() raises ProblemError for problems whose name starts with this
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ class FakePlanner:
         failure = os.environ.get("STITCH_FAKE_PLAN_FAIL")
         if failure:
             raise ProblemError(failure)
+        prefix = os.environ.get("STITCH_FAKE_PLAN_FAIL_PREFIX")
+        if prefix and problem_name.startswith(prefix):
+            raise ProblemError(f"{problem_name}: planning failed on purpose")
         return plan_pb2.Plan(
             schema_version=1,
             problem_name=problem_name,
