@@ -246,21 +246,30 @@ def create_app(settings: GatewaySettings, services: GatewayServices | None = Non
         pool: ThreadPoolExecutor = request.app.state.watch_pool
 
         async def stream() -> AsyncIterator[str]:
-            yield "retry: 2000\n\n"
-            loop = asyncio.get_running_loop()
-            while not watch.done:
-                if await request.is_disconnected():
-                    return
-                try:
-                    events = await loop.run_in_executor(pool, watch.poll, settings.watch_wait_s)
-                except StitchError as exc:
-                    yield f"event: error\ndata: {json.dumps(error_body(exc))}\n\n"
-                    return
-                if not events:
-                    yield ": keep-alive\n\n"
-                for event in events:
-                    yield event_to_sse(event)
-            yield "event: end\ndata: {}\n\n"
+            # One chunk per poll, and nothing written once the client is gone: uvicorn's send does not
+            # yield while the socket takes the data, so a poll's events written one by one to a client
+            # that left mid-batch never let the event loop see the close, and asyncio logged each
+            # write ("socket.send() raised exception.", thousands for a long history).
+            sent = 0
+            try:
+                yield "retry: 2000\n\n"
+                loop = asyncio.get_running_loop()
+                while not watch.done:
+                    if await request.is_disconnected():
+                        return
+                    try:
+                        events = await loop.run_in_executor(pool, watch.poll, settings.watch_wait_s)
+                    except StitchError as exc:
+                        yield f"event: error\ndata: {json.dumps(error_body(exc))}\n\n"
+                        return
+                    if await request.is_disconnected():
+                        return
+                    yield "".join(event_to_sse(event) for event in events) or ": keep-alive\n\n"
+                    sent += len(events)
+                yield "event: end\ndata: {}\n\n"
+            finally:
+                if not watch.done:
+                    log.debug("event stream of job %s closed by the client after %d events", job_id, sent)
 
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
