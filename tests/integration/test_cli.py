@@ -38,6 +38,15 @@ def test_optimize_writes_a_verified_program(tmp_path):
     assert report["best_row"]["speedup_vs_eager"] > 0
     # Both baselines are measured in every verdict: torch.compile too, also on the CPU backend.
     assert report["best_row"]["speedup_vs_compile"] > 0 and "x vs torch.compile" in proc.stderr
+    # Round counts agree (issue 18): the banner, the rounds the progress printed, and the report.
+    assert "up to 2 rounds (round 0 generates, round 1 optimizes)" in proc.stderr
+    printed = {line.split("round ", 1)[1].split(":")[0].split(" ")[0] for line in proc.stderr.splitlines()
+               if " round " in line and (": " in line)}  # fmt: skip
+    assert report["rounds_total"] == 2 and report["rounds_run"] == len(printed & {"0", "1"})
+    assert f"{report['rounds_run']} of up to 2 rounds" in proc.stderr
+    # The speedup comes with its interval, timed beside the eager reference.
+    assert report["best_row"]["eager_source"] == "interleaved" and report["best_row"]["timing_rounds"] >= 1
+    assert report["best_row"]["speedup_vs_eager_low"] <= report["best_row"]["speedup_vs_eager"]
     assert report["state"] == "succeeded"
     assert "<table>" in (out / "report.html").read_text()
     # The exported file is a drop-in KernelBench module: it builds its own extension and matches the reference.
