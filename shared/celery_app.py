@@ -13,12 +13,13 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from celery import Celery, Task
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import SecurityWarning, SoftTimeLimitExceeded
 from kombu.entity import Exchange, Queue
 from pydantic import model_validator
 
@@ -287,6 +288,22 @@ def _report(runtime: Runtime, env: messages_pb2.Envelope, reason: str, queue: st
 # -- worker entry points ----------------------------------------------------------------------------
 
 
+def _say_if_root(name: str) -> None:
+    """One line of ours instead of Celery's page-long SecurityWarning when a worker runs as root.
+
+    The images run every worker as uid 10001; root happens on a developer's machine or a container
+    started with --user 0, where the sandbox still isolates tenant code but the worker itself does not
+    need the privilege. Celery refuses root only with pickle, which these workers never accept.
+    """
+    warnings.filterwarnings("ignore", category=SecurityWarning)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        log.warning(
+            "%s worker runs as root: deployed images run it as uid 10001 (Dockerfile); "
+            "start it as an unprivileged user where you can",
+            name,
+        )
+
+
 def worker_main(
     name: str,
     default_queues: list[str],
@@ -356,6 +373,7 @@ def worker_main(
         "--loglevel",
         level.upper(),
     ]
+    _say_if_root(name)
     try:
         app.worker_main(worker_args)
     except SystemExit as exc:

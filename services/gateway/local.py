@@ -17,6 +17,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -201,6 +203,55 @@ def _stop(children: list[Child], timeout_s: float = 20.0) -> None:
             child.process.wait(5)
 
 
+# Workers' metrics ports under `stitchcuda up` (planner, coder, verifier), next to the 9100 of the images.
+LOCAL_METRICS_PORT = 9101
+
+
+def _metrics_port(host: str, preferred: int) -> int:
+    """The preferred port where it is free on host, else any free one."""
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, preferred))
+        except OSError:
+            return free_port(host)
+    return preferred
+
+
+def _without_password(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def _wait_until_serving(
+    children: list[Child], urls: list[str], stopping: Callable[[], bool], timeout_s: float = 300.0
+) -> bool:
+    """True once every URL answers 200; False when a child exits, on Ctrl-C, or after timeout_s."""
+    import httpx
+
+    waiting, deadline = list(urls), time.monotonic() + timeout_s
+    while waiting:
+        dead = [c for c in children if c.process.poll() is not None]
+        if dead:
+            console.print(f"[bold red]{dead[0].name} exited with {dead[0].process.returncode}[/]: stopping")
+            return False
+        if stopping():
+            return False
+        if time.monotonic() > deadline:
+            console.print(f"[bold red]not serving after {timeout_s:.0f} s:[/] {', '.join(waiting)}")
+            return False
+        for url in list(waiting):
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    waiting.remove(url)
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.3)
+    return True
+
+
 def run_up(
     *,
     host: str = "127.0.0.1",
@@ -264,6 +315,8 @@ def run_up(
         queues = verifier_queues or ("verifier.build,verifier.cpu" + (",verifier.gpu" if gpu else ""))
         env["STITCH_AUTO_DEVICE"] = "cuda" if gpu else "cpu"
         key_path = _ensure_local_key(env, home, tenant)
+        # Ports are fixed before anything starts, so the banner names real ones (0 = any free port).
+        grpc_port, http_port = grpc_port or free_port(host), http_port or free_port(host)
         python = sys.executable
         commands = {
             "gateway": [python, "-m", "stitchcuda.gateway", "--host", host, "--grpc-port", str(grpc_port),
@@ -273,23 +326,35 @@ def run_up(
             "verifier": [python, "-m", "stitchcuda.verifier", "--queues", queues,
                          "--concurrency", str(concurrency)],
         }  # fmt: skip
-        # The gateway serves /metrics on its HTTP port; each worker on a port of its own, said below so
-        # a Prometheus (or a test) knows where to scrape.
+        # The gateway serves /metrics on its HTTP port; each worker on a port of its own, the same from
+        # one start to the next where it is free (a Prometheus config written once keeps working).
         metrics_urls = {"gateway": f"http://{host}:{http_port}/metrics"}
-        for name, command in commands.items():
-            metrics_port = free_port() if name != "gateway" else 0
+        for n, (name, command) in enumerate(commands.items()):
+            metrics_port = _metrics_port(host, LOCAL_METRICS_PORT + n - 1) if name != "gateway" else 0
             if metrics_port:
                 metrics_urls[name] = f"http://{host}:{metrics_port}/metrics"
             child_env = {**env, "STITCH_METRICS_PORT": str(metrics_port)}
             process = subprocess.Popen(command, env=child_env, start_new_session=True)
             children.append(Child(name, process))
+        if not _wait_until_serving(children, [f"http://{host}:{http_port}/readyz", *metrics_urls.values()],
+                                   lambda: stopping):  # fmt: skip
+            return 0 if stopping else 1
+        s3 = (
+            f"{env['STITCH_S3_ENDPOINT']} (SeaweedFS, data in {weed.data_dir})"
+            if weed
+            else env["STITCH_S3_ENDPOINT"]
+        )
+        bucket = env.get("STITCH_S3_BUCKET", settings.s3_bucket)
         scrape = "".join(f"  metrics of {name}: {url}\n" for name, url in metrics_urls.items())
         console.print(
-            f"[bold]StitchCUDA is up[/]: gRPC {host}:{grpc_port}, "
-            f"HTTP http://{host}:{http_port} (docs at /docs)\n"
-            f"  API key of tenant '{tenant}' in {key_path}\n{scrape}"
+            f"[bold]StitchCUDA is up[/]\n  gateway gRPC: {host}:{grpc_port}\n"
+            f"  gateway HTTP: http://{host}:{http_port} (API docs at /docs, OpenAPI at /openapi.json)\n"
+            f"  Redis: {_without_password(redis_url)}\n  S3: {s3}, bucket {bucket}\n"
+            f"{scrape}  API key of tenant '{tenant}' in {key_path}\n"
             "  try: stitchcuda submit benchmarks/problems/01_elementwise_chain.py "
-            f"--gateway {host}:{grpc_port} --device cpu --watch\n  Ctrl-C stops everything."
+            f"--gateway {host}:{grpc_port} --device cpu --watch\n  Ctrl-C stops everything.",
+            highlight=False,
+            soft_wrap=True,
         )
         while not stopping:
             dead = [c for c in children if c.process.poll() is not None]
