@@ -187,3 +187,21 @@ def test_a_change_made_by_another_process_reaches_a_caching_gateway_within_its_r
             gateway.authenticate(key)
     else:
         assert gateway.authenticate(key).quota.max_concurrent_jobs == 5
+
+
+@pytest.mark.parametrize(
+    "command", [[], ["tenant"], ["tenant", "create"], ["key"], ["key", "issue"], ["quota", "set"]]
+)
+def test_admin_help_fits_80_columns_without_cutting_an_option(command: list[str]):
+    from typer.testing import CliRunner
+
+    from stitchcuda.gateway.admin import app
+
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in result.output  # rich cuts what does not fit with an ellipsis
+    if command[-1:] in (["create"], ["set"]):
+        for option in ("--max-concurrent-jobs", "--gpu-seconds-per-month", "--submits-per-minute"):
+            assert any(option in line for line in lines), option
