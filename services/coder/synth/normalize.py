@@ -732,6 +732,19 @@ class Normalizer:
             y = self.emit_ew("add", [y, b], [], origin)
         return y
 
+    def batch_mean(self, x: Ref, origin: str) -> Ref:
+        """Per-channel mean over (N, *spatial), kept as [1, C, 1, ...].
+
+        In two steps: over the trailing spatial dims (contiguous rows, one row reduction per (n, c)), then
+        over the batch of those partial means (N x C values). One reduction over (0, 2, ...) would be a
+        strided walk of every channel's whole slice by one thread.
+        """
+        rank = len(self.shape_of(x))
+        if rank == 2:
+            return self.reduce("mean", x, (0,), True, origin)
+        per_sample = self.reduce("mean", x, tuple(range(2, rank)), True, origin)
+        return self.reduce("mean", per_sample, (0,), True, origin)
+
     def batch_norm_train(
         self,
         x: Ref,
@@ -756,9 +769,9 @@ class Normalizer:
             raise Unsupported(f"{origin}: batch norm of a rank-{rank} tensor")
         dims = (0, *range(2, rank))
         count = math.prod(shape[d] for d in dims)
-        mean = self.reduce("mean", x, dims, True, origin)
+        mean = self.batch_mean(x, origin)
         d = self.emit_ew("sub", [x, mean], [], origin)
-        var = self.reduce("mean", self.emit_ew("mul", [d, d], [], origin), dims, True, origin)
+        var = self.batch_mean(self.emit_ew("mul", [d, d], [], origin), origin)
         rstd = self.emit_ew("rsqrt", [self.emit_ew("add", [var, eps], [], origin)], [], origin)
         y = self.emit_ew("mul", [d, rstd], [], origin)
         w = self.channel_view(weight, rank, origin)
