@@ -78,6 +78,11 @@ def short_name(target: str) -> str:
     return target.rsplit(".", 1)[-1]
 
 
+# Keyword arguments that only place a result (device, dtype): a device value may be passed to them.
+PLACEMENT_KWARGS = frozenset({"device", "dtype"})
+PLACEMENT_ATTRS = frozenset({"device", "dtype"})
+
+
 class Normalizer:
     """One pass over the fx nodes in order; each handler appends IR ops and defines the node's value."""
 
@@ -145,7 +150,7 @@ class Normalizer:
     def node_args(self, node: TracedNode) -> tuple[list[Any], dict[str, Any]]:
         args = [self.arg(node, a, f"args.{i}") for i, a in enumerate(node.args)]
         kwargs = {k: self.arg(node, v, f"kwargs.{k}") for k, v in node.kwargs.items()}
-        for a in [*args, *kwargs.values()]:
+        for a in [*args, *(v for k, v in kwargs.items() if k not in PLACEMENT_KWARGS)]:
             if isinstance(a, Ref) and a.id in self.unavailable:
                 raise Unsupported(f"{node.name}: uses {self.unavailable[a.id]}")
         return args, kwargs
@@ -301,7 +306,17 @@ class Normalizer:
         if name == "getitem" and isinstance(args[0], Ref) and self.g.values[args[0].id].kind == "list":
             self.fn_getitem(node, args, kwargs)
             return
+        if name == "getattr" and isinstance(args[0], Ref) and self.g.values[args[0].id].kind == "list":
+            # torch.max(x, dim).values / .indices: the named tuple's fields.
+            field = {"values": 0, "indices": 1}.get(str(args[1]))
+            if field is None:
+                raise Unsupported(f"{node.name}: attribute {args[1]} of a tuple")
+            self.fn_getitem(node, [args[0], Const(field)], {})
+            return
         tensor_args = [a for a in args if self.is_tensor(a)]
+        if name == "tensor" and not tensor_args:
+            self.define(node, self.tensor_literal(node, args))
+            return
         if not tensor_args and not any(self.is_tensor(v) for v in kwargs.values()):
             self.lower_host(node, name, args, kwargs)
             return
@@ -361,7 +376,23 @@ class Normalizer:
             return None
         if attr in ("T", "mT"):
             return self._view(node, "transpose", [args[0], Const(-2), Const(-1)], {})
+        if attr in PLACEMENT_ATTRS:
+            # Only meaningful as a placement (`torch.tensor(0.0, device=x.device)`): the program runs on
+            # its inputs' device and in float32, so a placement argument is dropped; any other use is refused.
+            self.g.add_value(Value(node.name, "none"))
+            self.unavailable[node.name] = f"the tensor attribute {attr} as a value"
+            return None
         raise Unsupported(f"{node.name}: tensor attribute {attr}")
+
+    def tensor_literal(self, node: TracedNode, args: list[Any]) -> Ref:
+        """`torch.tensor(number)`: a 0-d constant, folded into the kernels that read it."""
+        value = self.literal(args[0]) if args else None
+        meta = self.meta_value(node.name, node.meta)
+        if isinstance(value, bool) or not isinstance(value, int | float) or meta.shape != ():
+            raise Unsupported(f"{node.name}: torch.tensor of {value!r} (only a number is lowered)")
+        if meta.dtype not in FLOAT_DTYPES:
+            raise Unsupported(f"{node.name}: torch.tensor of dtype {meta.dtype}")
+        return self.emit_ew("identity", [Const(float(value))], [], node.name, node.name)
 
     def fn_getitem(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref | None:
         src = self.g.values[args[0].id]
