@@ -945,6 +945,96 @@ class Normalizer:
         nrm = self.emit_ew("clamp_min", [self.emit_ew("sqrt", [ss], [], node.name), eps], [], node.name)
         return self.emit_ew("div", [x, nrm], [], node.name)
 
+    # Losses (elementwise terms, then the reduction the call names).
+    def loss_reduction(self, loss: Ref, reduction: Any, origin: str, batch_of: Ref | None = None) -> Ref:
+        mode = self.literal(reduction) if reduction is not None else "mean"
+        rank = len(self.shape_of(loss))
+        if mode == "none":
+            return loss
+        if mode == "sum":
+            return self.reduce("sum", loss, norm_dims(None, rank), False, origin)
+        if mode == "mean":
+            return self.reduce("mean", loss, norm_dims(None, rank), False, origin)
+        if mode == "batchmean" and batch_of is not None:
+            total = self.reduce("sum", loss, norm_dims(None, rank), False, origin)
+            shape = self.shape_of(batch_of)
+            batch = self.host_int("size", [batch_of, Const(0)], shape[0] if shape else 1, origin)
+            return self.emit_ew("div", [total, batch], [], origin)
+        raise Unsupported(f"{origin}: loss reduction {mode!r}")
+
+    def fn_smooth_l1_loss(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        names = ["input", "target", "size_average", "reduce", "reduction", "beta"]
+        got = dict(zip(names, args, strict=False)) | kwargs
+        self.legacy_reduction(node, got)
+        beta = float(self.literal(got.get("beta", Const(1.0))))
+        d = self.emit_ew("sub", [got["input"], got["target"]], [], node.name)
+        a = self.emit_ew("abs", [d], [], node.name)
+        if beta == 0.0:
+            return self.loss_reduction(a, got.get("reduction"), node.name)
+        quad = self.emit_ew(
+            "mul", [self.emit_ew("mul", [d, d], [], node.name), Const(0.5 / beta)], [], node.name
+        )
+        lin = self.emit_ew("sub", [a, Const(0.5 * beta)], [], node.name)
+        near = self.emit_ew("lt", [a, Const(beta)], [], node.name)
+        loss = self.emit_ew("where", [near, quad, lin], [], node.name)
+        return self.loss_reduction(loss, got.get("reduction"), node.name)
+
+    def fn_huber_loss(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        names = ["input", "target", "reduction", "delta"]
+        got = dict(zip(names, args, strict=False)) | kwargs
+        delta = float(self.literal(got.get("delta", Const(1.0))))
+        d = self.emit_ew("sub", [got["input"], got["target"]], [], node.name)
+        a = self.emit_ew("abs", [d], [], node.name)
+        quad = self.emit_ew("mul", [self.emit_ew("mul", [d, d], [], node.name), Const(0.5)], [], node.name)
+        lin = self.emit_ew(
+            "mul", [self.emit_ew("sub", [a, Const(0.5 * delta)], [], node.name), Const(delta)], [], node.name
+        )
+        near = self.emit_ew("lt", [a, Const(delta)], [], node.name)
+        loss = self.emit_ew("where", [near, quad, lin], [], node.name)
+        return self.loss_reduction(loss, got.get("reduction"), node.name)
+
+    def fn_kl_div(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        names = ["input", "target", "size_average", "reduce", "reduction", "log_target"]
+        got = dict(zip(names, args, strict=False)) | kwargs
+        self.legacy_reduction(node, got)
+        x, t = got["input"], got["target"]
+        if self.literal(got.get("log_target", Const(False))):
+            loss = self.emit_ew(
+                "mul",
+                [self.emit_ew("exp", [t], [], node.name), self.emit_ew("sub", [t, x], [], node.name)],
+                [],
+                node.name,
+            )
+        else:
+            # xlogy(t, t) - t * x: a zero target contributes nothing (not 0 * -inf).
+            tlogt = self.emit_ew("mul", [t, self.emit_ew("log", [t], [], node.name)], [], node.name)
+            zero = self.emit_ew("eq", [t, Const(0.0)], [], node.name)
+            xlogy = self.emit_ew("where", [zero, Const(0.0), tlogt], [], node.name)
+            loss = self.emit_ew("sub", [xlogy, self.emit_ew("mul", [t, x], [], node.name)], [], node.name)
+        return self.loss_reduction(loss, got.get("reduction"), node.name, batch_of=x)
+
+    def legacy_reduction(self, node: TracedNode, got: dict[str, Any]) -> None:
+        if got.get("size_average") is not None or got.get("reduce") is not None:
+            raise Unsupported(f"{node.name}: the deprecated size_average/reduce arguments")
+
+    def pairwise_distance(self, a: Ref, b: Ref, eps: Arg, origin: str) -> Ref:
+        d = self.emit_ew("add", [self.emit_ew("sub", [a, b], [], origin), eps], [], origin)
+        rank = len(self.shape_of(d))
+        ss = self.reduce("sum", self.emit_ew("mul", [d, d], [], origin), (rank - 1,), False, origin)
+        return self.emit_ew("sqrt", [ss], [], origin)
+
+    def triplet_margin_loss(
+        self, node: TracedNode, anchor: Ref, positive: Ref, negative: Ref, attrs: dict[str, Any]
+    ) -> Ref:
+        if float(attrs.get("p", 2.0)) != 2.0 or attrs.get("swap"):
+            raise Unsupported(f"{node.name}: triplet margin loss with p != 2 or swap")
+        eps, margin = self.mod_attr(node, "eps"), self.mod_attr(node, "margin")
+        d_ap = self.pairwise_distance(anchor, positive, eps, node.name)
+        d_an = self.pairwise_distance(anchor, negative, eps, node.name)
+        gap = self.emit_ew("add", [self.emit_ew("sub", [d_ap, d_an], [], node.name), margin], [], node.name)
+        loss = self.emit_ew("clamp_min", [gap, Const(0.0)], [], node.name)
+        return self.loss_reduction(loss, attrs.get("reduction", "mean"), node.name)
+
     # Library calls.
     def lib(self, fn: str, args: list[Any], attrs: dict[str, Any], node: TracedNode) -> Ref:
         meta = self.meta_value(self.own_id(node), node.meta)
@@ -1246,6 +1336,12 @@ class Normalizer:
             ndims = len(shape) if isinstance(shape, list) else 1
             eps = self.mod_attr(node, "eps") if a.get("eps") is not None else Const(1.1920928955078125e-07)
             self.define(node, self.rms_norm(x, ndims, self.module_param(node, "weight"), eps, node.name))
+            return
+        if cls == "TripletMarginLoss":
+            operands = [*args, *(kwargs[k] for k in ("positive", "negative") if k in kwargs)]
+            if len(operands) != 3:
+                raise Unsupported(f"{node.name}: TripletMarginLoss without anchor, positive and negative")
+            self.define(node, self.triplet_margin_loss(node, operands[0], operands[1], operands[2], a))
             return
         if cls == "GroupNorm":
             eps = self.mod_attr(node, "eps")
