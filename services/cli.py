@@ -160,7 +160,7 @@ def _write_out(platform: Any, job: Any, out: Path) -> None:
     from stitchcuda.shared.candidate import write_dir
 
     tmp = Path(tempfile.mkdtemp(prefix=".stitchcuda-", dir=out.parent if out.parent.exists() else None))
-    for name in ("model_new.py", "report.json", "report.html"):
+    for name in ("model_new.py", "report.json", "report.html", "trajectory.json"):
         key = job.artifacts.get(name)
         if key:
             (tmp / name).write_bytes(platform.artifacts.get(key))

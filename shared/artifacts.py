@@ -141,6 +141,10 @@ class Keys:
         return f"{Keys.job(tenant, job_id)}/rounds/{round_:03d}/verdict-{index}.pb"
 
     @staticmethod
+    def trajectory(tenant: str, job_id: str) -> str:
+        return f"{Keys.job(tenant, job_id)}/trajectory.json"
+
+    @staticmethod
     def result(tenant: str, job_id: str, name: str) -> str:
         return f"{Keys.job(tenant, job_id)}/result/{name}"
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from stitchcuda.api.v1 import code_pb2, jobs_pb2, messages_pb2, plan_pb2, verify_pb2
-from stitchcuda.shared import metrics, pipeline, report
+from stitchcuda.shared import metrics, pipeline, report, trajectory
 from stitchcuda.shared import policy as kernel_policy
 from stitchcuda.shared.artifacts import ArtifactStore, Keys
 from stitchcuda.shared.candidate import export_standalone
@@ -537,6 +537,14 @@ class Workflow:
             key = Keys.result(job.tenant_id, job.job_id, name)
             self.artifacts.put(key, blob, kind)
             job.artifacts[name] = key
+        best_id = f"r{state.best.round}c{state.best.index}" if state.best is not None else ""
+        try:
+            # Training data (stitchcuda.training.datasets); a job's ending never fails for want of it.
+            job.artifacts["trajectory.json"] = trajectory.write(
+                job, self.artifacts, best_id=best_id, state=state.phase.value
+            )
+        except StitchError as exc:
+            log.warning("could not write the trajectory of job %s: %s", job.job_id, exc)
         self.jobs.put(job)
 
     # -- bookkeeping ------------------------------------------------------------------------------------

@@ -55,6 +55,13 @@ class LLMCoder:
         job_id: str = "",
         round_: int = 0,
     ) -> list[code_pb2.Candidate]:
+        messages = self.generate_messages(reference, plan, target=target)
+        return self._sample(messages, target, samples, job_id, round_, parent=None, skill="generate")
+
+    def generate_messages(
+        self, reference: str, plan: plan_pb2.Plan | None, *, target: str
+    ) -> list[dict[str, str]]:
+        """The chat messages of a generate request: what the model sees, here and in RL training."""
         docs = self.docs(plan, None, target)
         user = render_generate(
             reference=reference,
@@ -63,7 +70,7 @@ class LLMCoder:
             docs=docs,
             problem=plan.problem_name if plan else "",
         )
-        return self._sample(user, plan, target, samples, job_id, round_, parent=None, skill="generate")
+        return self._messages(user, plan, target)
 
     def optimize(
         self,
@@ -77,6 +84,19 @@ class LLMCoder:
         job_id: str = "",
         round_: int = 0,
     ) -> list[code_pb2.Candidate]:
+        messages = self.optimize_messages(reference, plan, previous, verdict, target=target)
+        return self._sample(messages, target, samples, job_id, round_, parent=previous, skill="optimize")
+
+    def optimize_messages(
+        self,
+        reference: str,
+        plan: plan_pb2.Plan | None,
+        previous: code_pb2.Candidate,
+        verdict: verify_pb2.Verdict,
+        *,
+        target: str,
+    ) -> list[dict[str, str]]:
+        """The chat messages of an optimize request: what the model sees, here and in RL training."""
         docs = self.docs(plan, verdict, target)
         user = render_optimize(
             reference=reference,
@@ -88,12 +108,20 @@ class LLMCoder:
             problem=plan.problem_name if plan else "",
             file_budget=max(self.char_budget // 2, 4000),
         )
-        return self._sample(user, plan, target, samples, job_id, round_, parent=previous, skill="optimize")
+        return self._messages(user, plan, target)
+
+    def _messages(self, user: str, plan: plan_pb2.Plan | None, target: str) -> list[dict[str, str]]:
+        if len(user) > self.char_budget:
+            user = user[: self.char_budget] + "\n\n(prompt truncated to the configured budget)"
+        dtype = plan.dtype if plan is not None and plan.dtype else "float32"
+        system = render_system(
+            target=target, dtype=dtype, structured=self.structured, library_policy=self.policy.accepts_library
+        )
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
     def _sample(
         self,
-        user: str,
-        plan: plan_pb2.Plan | None,
+        messages: list[dict[str, str]],
         target: str,
         samples: int,
         job_id: str,
@@ -102,13 +130,6 @@ class LLMCoder:
         parent: code_pb2.Candidate | None,
         skill: str,
     ) -> list[code_pb2.Candidate]:
-        if len(user) > self.char_budget:
-            user = user[: self.char_budget] + "\n\n(prompt truncated to the configured budget)"
-        dtype = plan.dtype if plan is not None and plan.dtype else "float32"
-        system = render_system(
-            target=target, dtype=dtype, structured=self.structured, library_policy=self.policy.accepts_library
-        )
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         completions = self.client.complete(
             messages, n=samples, json_schema=CANDIDATE_SCHEMA if self.structured else None
         )
