@@ -173,6 +173,24 @@ def _write_out(platform: Any, job: Any, out: Path) -> None:
     shutil.move(str(tmp), str(out))
 
 
+def _load_candidate(candidate: Path, device: str) -> Any:
+    """A candidate folder (manifest.json) or one load_inline .py file, as `verify` and `reward` take it."""
+    from stitchcuda.shared import candidate as cand_format
+    from stitchcuda.shared.errors import InvalidRequest
+
+    try:
+        if candidate.is_dir():
+            cand = cand_format.read_dir(candidate)
+        elif candidate.is_file():
+            cand = cand_format.from_kernelbench_source(candidate.read_text(), backend=device)
+        else:
+            raise _fail(f"{candidate}: no such file or folder")
+    except InvalidRequest as exc:
+        raise _fail(f"{candidate}: {exc}") from None
+    cand.candidate_id = cand.candidate_id or candidate.stem
+    return cand
+
+
 @app.command()
 def verify(
     reference: Annotated[Path, typer.Argument(metavar="REFERENCE.py")],
@@ -185,22 +203,12 @@ def verify(
 ) -> None:
     """Verify CANDIDATE against REFERENCE: exit 0 if accepted, 1 if rejected, 2 for a usage error."""
     from stitchcuda.api.v1 import verify_pb2
-    from stitchcuda.shared import candidate as cand_format
-    from stitchcuda.shared.errors import InvalidRequest, ProblemError
+    from stitchcuda.shared.errors import ProblemError
     from stitchcuda.verifier.service import VerifierService
 
     prob = _load_problem(reference)
     resolved = _resolve_device(device)
-    try:
-        if candidate.is_dir():
-            cand = cand_format.read_dir(candidate)
-        elif candidate.is_file():
-            cand = cand_format.from_kernelbench_source(candidate.read_text(), backend=resolved)
-        else:
-            raise _fail(f"{candidate}: no such file or folder")
-    except InvalidRequest as exc:
-        raise _fail(f"{candidate}: {exc}") from None
-    cand.candidate_id = cand.candidate_id or candidate.stem
+    cand = _load_candidate(candidate, resolved)
     if policy is PolicyChoice.library and not cand.build.libraries:
         # A hand-written program declares nothing: choosing the library policy here is the declaration.
         from stitchcuda.shared.policy import KernelPolicy
@@ -221,6 +229,52 @@ def verify(
 
         print_verdict(Console(), verdict)
     raise typer.Exit(EXIT_OK if verdict.accepted else EXIT_REJECTED)
+
+
+class SkillChoice(StrEnum):
+    generate = "generate"
+    optimize = "optimize"
+
+
+@app.command()
+def reward(
+    reference: Annotated[Path, typer.Argument(metavar="REFERENCE.py")],
+    candidate: Annotated[
+        Path, typer.Argument(metavar="CANDIDATE", help="A load_inline .py file or a folder.")
+    ],
+    skill: Annotated[
+        SkillChoice, typer.Option(help="The Coder skill the rollout used.")
+    ] = SkillChoice.generate,
+    device: Annotated[DeviceChoice, typer.Option()] = DeviceChoice.auto,
+    feedback: Annotated[
+        Path | None, typer.Option(help="A file with the feedback an optimize rollout was given.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """The RL reward of CANDIDATE with every component (judge from STITCH_JUDGE_*, else judge-free):
+    exit 0 for a positive reward, 1 for zero, 2 for a usage error."""
+    from stitchcuda.shared.errors import StitchError
+    from stitchcuda.training.judge import RubricJudge
+    from stitchcuda.training.report import reward_table
+    from stitchcuda.training.reward import RewardService, RewardSettings
+
+    prob = _load_problem(reference)
+    resolved = _resolve_device(device)
+    cand = _load_candidate(candidate, resolved)
+    settings = RewardSettings()
+    service = RewardService(settings, judge=RubricJudge.from_settings(settings))
+    try:
+        text = feedback.read_text() if feedback is not None else ""
+        result = service.score(prob.source, cand, skill.value, device=resolved, feedback=text)
+    except (StitchError, OSError) as exc:
+        raise _fail(str(exc)) from None
+    finally:
+        service.close()
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+    else:
+        Console().print(reward_table(result))
+    raise typer.Exit(EXIT_OK if result.reward > 0 else EXIT_REJECTED)
 
 
 @app.command()

@@ -328,6 +328,12 @@ class RewardService:
             with self._lock:
                 self._inflight.pop(key, None)
 
+    def close(self) -> None:
+        """Stops what the verifier port holds (an in-process Verifier's standby runner)."""
+        close = getattr(self.verifier, "close", None)
+        if callable(close):
+            close()
+
     def score_many(self, items: list[RewardRequest]) -> list[RewardResult]:
         """Rewards of a batch, in order; at most reward_max_concurrent verifications at once. A rollout whose
         reward cannot be computed gets reward 0 with `error` set, so one broken problem spares the batch."""

@@ -24,6 +24,9 @@ RubricSource = Literal["judge", "judge-free"]
 # Rejections that say the program is wrong or broken rather than gaming the measurement: they zero the
 # reward through the verdict, but they are not counted as hacks.
 _FAILURE_PREFIXES = ("build.", "candidate.", "D1.", "D2.", "D3.", "D4.", "harness", "profile.")
+# Warnings about the measurement or the machine, not the program: they cost no anti-hacking points.
+_NOTES = ("D7.noisy", "D7.compile-baseline", "D9.sandbox-unavailable", "D3.null-model", "D6.library-only",
+          "D11.scan-error", "D6.no-profile")  # fmt: skip
 
 # Lines of a candidate that talk to whoever grades it. Code has no reason to; a rollout that does is trying
 # to win the rubric instead of the problem (prompt injection), which is a major hack whatever a judge says.
@@ -110,7 +113,10 @@ class Signals:
         return [f for f in self.findings if f.severity == "reject" and f.hack]
 
     def warnings(self) -> list[Issue]:
-        return [f for f in self.findings if f.severity == "warning" and f.hack]
+        """Hack-class warnings: soft signals about the program (notes on the measurement left out)."""
+        return [
+            f for f in self.findings if f.severity == "warning" and f.hack and not f.rule.startswith(_NOTES)
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
