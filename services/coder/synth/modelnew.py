@@ -93,17 +93,25 @@ def _self_calls(node: ast.AST) -> set[str]:
     return found
 
 
-def _bound_names(fn: ast.FunctionDef) -> set[str]:
-    bound = {a.arg for a in [*fn.args.args, *fn.args.kwonlyargs, *fn.args.posonlyargs]}
-    if fn.args.vararg:
-        bound.add(fn.args.vararg.arg)
-    if fn.args.kwarg:
-        bound.add(fn.args.kwarg.arg)
-    for n in ast.walk(fn):
-        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+def _bound_names(node: ast.AST) -> set[str]:
+    """Names a function or class binds anywhere inside it: parameters (its own, nested functions' and
+    lambdas'), nested def/class names, assignments, loop/with/comprehension targets, except and import names.
+    A name bound anywhere counts as bound everywhere in it (the scan errs towards fewer free names; a wrong
+    guess fails the candidate's import, never its correctness)."""
+    bound: set[str] = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            args = n.args
+            bound |= {a.arg for a in [*args.args, *args.kwonlyargs, *args.posonlyargs]}
+            bound |= {a.arg for a in (args.vararg, args.kwarg) if a is not None}
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and n is not node:
+            bound.add(n.name)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
             bound.add(n.id)
-        elif isinstance(n, ast.comprehension):
-            bound |= {t.id for t in ast.walk(n.target) if isinstance(t, ast.Name)}
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            bound.add(n.name)
+        elif isinstance(n, ast.Import | ast.ImportFrom):
+            bound |= {(a.asname or a.name).split(".")[0] for a in n.names}
     return bound
 
 
@@ -174,6 +182,14 @@ def build_source(
         pending += sorted(_self_calls(methods[name]) & set(methods))
     copied: list[ast.FunctionDef] = []
     needed: set[str] = set()
+    # Class-level attributes (`expansion = 4`) that the constructor or a helper may read through self.
+    class_attrs = [
+        _Inline(literals, set()).visit(ast.parse(ast.unparse(stmt)).body[0])
+        for stmt in ref.model.body
+        if isinstance(stmt, ast.Assign | ast.AnnAssign)
+    ]
+    for stmt in class_attrs:
+        needed |= _names(stmt)
     for fn in keep:
         new = _Inline(literals, _bound_names(fn)).visit(ast.parse(ast.unparse(fn)).body[0])
         assert isinstance(new, ast.FunctionDef)
@@ -195,10 +211,10 @@ def build_source(
             imports[name] = ref.imports[name]
         elif name in ref.defs:
             original = ref.defs[name]
-            bound = _bound_names(original) if isinstance(original, ast.FunctionDef) else set()
+            bound = _bound_names(original)
             node = _Inline(literals, bound).visit(ast.parse(ast.unparse(original)).body[0])
             helper_defs.append(node)
-            queue += sorted(_names(node) - seen)
+            queue += sorted(_names(node) - bound - seen)
         elif name in literals or name in ("ModelNew", "self", "super") or hasattr(builtins, name) or lenient:
             continue
         elif name in PROBLEM_NAMES:
@@ -239,6 +255,7 @@ def build_source(
             ]
         )
     cls = ["class ModelNew(torch.nn.Module):"]
+    cls += ["    " + ast.unparse(stmt) for stmt in class_attrs] + ([""] if class_attrs else [])
     for text in init_text:
         cls += ["    " + line if line else line for line in text.splitlines()] + [""]
     if not init_text:
