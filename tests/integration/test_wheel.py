@@ -64,7 +64,8 @@ def test_every_tracked_source_and_data_file_is_in_the_wheel(wheel: Path):
                 if inside not in names:
                     missing.append(path)
     assert not missing, f"not in the wheel: {missing[:20]}"
-    for folder in ("stitchcuda/coder/synth/", "stitchcuda/coder/llm/", "stitchcuda/shared/templates/"):
+    for folder in ("stitchcuda/coder/synth/", "stitchcuda/coder/llm/", "stitchcuda/shared/templates/",
+                   "stitchcuda/training/rubrics/"):  # fmt: skip
         assert any(n.startswith(folder) for n in names), folder
 
 
