@@ -390,6 +390,16 @@ def _mount_admin() -> None:
 _mount_admin()
 
 
+def _mount_train() -> None:
+    # The train commands import TRL only when they run: the sub-app itself needs nothing extra.
+    from stitchcuda.training.cli import app as train_app
+
+    app.add_typer(train_app, name="train", help="Train the Coder with RL (GRPO on TRL with LoRA).")
+
+
+_mount_train()
+
+
 def main() -> None:
     app()
 

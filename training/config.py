@@ -100,8 +100,9 @@ class TrainerSection(_Section):
 class RewardSection(_Section):
     # Where candidates run: the GPU Verifier on GPU machines, the CPU backend for smoke runs.
     device: Literal["cpu", "cuda"] = "cuda"
-    # in_process: a VerifierService in the trainer; queue: the cluster's verifier.gpu Celery queue.
-    verifier: Literal["in_process", "queue"] = "in_process"
+    # in_process: a VerifierService in the trainer process (one machine). The cluster adapter (the
+    # verifier.gpu Celery queue) is not built yet, so "queue" is refused here rather than at step one.
+    verifier: Literal["in_process"] = "in_process"
     # RewardSettings fields (stitchcuda.training.settings) over the STITCH_* environment, e.g.
     # reward_max_concurrent, judge_base_url, reward_cache_url.
     settings: dict[str, Any] = {}

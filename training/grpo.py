@@ -77,15 +77,11 @@ def reward_service(config: GRPOConfig) -> RewardService:
     from stitchcuda.training.settings import RewardSettings
 
     settings = RewardSettings(**config.reward.settings)
-    verifier: Any = None
-    if config.reward.verifier == "queue":
-        from stitchcuda.training.cluster import QueueVerifier
-
-        verifier = QueueVerifier.from_settings(settings)
     from stitchcuda.training.judge import RubricJudge
+    from stitchcuda.training.verifier import InProcessVerifier
 
     # No judge endpoint configured: the judge-free rubric from the Verifier's signals.
-    return RewardService(settings, verifier=verifier, judge=RubricJudge.from_settings(settings))
+    return RewardService(settings, verifier=InProcessVerifier(), judge=RubricJudge.from_settings(settings))
 
 
 @dataclass
