@@ -9,20 +9,20 @@ import pytest
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
-from stitchcuda.coder.llm.client import ScriptedClient  # noqa: E402
-from stitchcuda.coder.llm.coder import LLMCoder  # noqa: E402
-from stitchcuda.coder.synth.synthesizer import Synthesizer, to_candidate  # noqa: E402
-from stitchcuda.coder.synth.variants import Variant  # noqa: E402
-from stitchcuda.shared.artifacts import LocalArtifactStore  # noqa: E402
-from stitchcuda.training import datasets as ds  # noqa: E402
-from stitchcuda.training.config import GRPOConfig  # noqa: E402
-from stitchcuda.training.grpo import build  # noqa: E402
-from stitchcuda.training.reward import RewardService  # noqa: E402
-from stitchcuda.training.settings import RewardSettings  # noqa: E402
-from stitchcuda.training.verifier import InProcessVerifier  # noqa: E402
-from stitchcuda.verifier.service import VerifierService  # noqa: E402
-from stitchcuda.verifier.settings import VerifierSettings  # noqa: E402
-from tests.conftest import PROBLEMS  # noqa: E402
+from stitchcuda.coder.llm.client import ScriptedClient
+from stitchcuda.coder.llm.coder import LLMCoder
+from stitchcuda.coder.synth.synthesizer import Synthesizer, to_candidate
+from stitchcuda.coder.synth.variants import Variant
+from stitchcuda.shared.artifacts import LocalArtifactStore
+from stitchcuda.training import datasets as ds
+from stitchcuda.training.config import GRPOConfig
+from stitchcuda.training.grpo import build
+from stitchcuda.training.reward import RewardService
+from stitchcuda.training.settings import RewardSettings
+from stitchcuda.training.verifier import InProcessVerifier
+from stitchcuda.verifier.service import VerifierService
+from stitchcuda.verifier.settings import VerifierSettings
+from tests.conftest import PROBLEMS
 
 pytestmark = pytest.mark.slow
 
@@ -138,3 +138,21 @@ def test_two_grpo_steps_on_the_cpu_verifier(tmp_path: Path):
     logged = [h for h in run.trainer.state.log_history if "reward" in h]
     assert logged and max(h["reward"] for h in logged) > 0
     assert all(math.isfinite(h["loss"]) for h in run.trainer.state.log_history if "loss" in h)
+
+    # verl's adapter scores through the same reward: the known-good program gets the reward it got in
+    # training (from the cache, no second verification) and a garbage answer 0, unparsed.
+    from stitchcuda.training import verl
+
+    verl.configure(run.scorer)
+    try:
+        scores = verl.compute_score_batch(
+            ["stitchcuda", "stitchcuda"],
+            [good, "def forward(): pass"],
+            [good_source, good_source],
+            [{"skill": "generate", "target": "cpu"}, None],
+        )
+    finally:
+        verl.configure(None)
+    assert scores[0]["score"] == rewarded[0].reward > 0 and scores[0]["accepted"] == 1.0
+    assert scores[1] == {"score": 0.0, "accepted": 0.0, "speedup": 0.0, "rubric": 0.0, "parsed": 0.0}
+    assert service.computed == 1
