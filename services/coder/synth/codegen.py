@@ -644,6 +644,9 @@ class Host:
             )
             causal = "true" if at["is_causal"] else "false"
             return f"at::scaled_dot_product_attention({t[0]}, {t[1]}, {t[2]}, {mask}, 0.0, {causal}, {scale})"
+        if fn == "cat":
+            self.helpers.add("cat")
+            return f"stitch_cat({{{', '.join(t)}}}, {at['dim']})"
         if fn == "lstm":
             weights = ", ".join(t[1:])
             return (

@@ -341,6 +341,91 @@ static void stitch_causal_fill(at::Tensor& scores) {
 """
 
 
+CAT_CPU = r"""
+// torch.cat of float32 tensors along one dim: each part's rows copied into their slice of the output.
+static at::Tensor stitch_cat(const std::vector<at::Tensor>& parts, int64_t dim) {
+  TORCH_CHECK(!parts.empty(), "cat of no tensors");
+  const int64_t rank = parts[0].dim();
+  if (dim < 0) dim += rank;
+  std::vector<int64_t> sizes = parts[0].sizes().vec();
+  sizes[dim] = 0;
+  for (const at::Tensor& p : parts) {
+    TORCH_CHECK(p.dim() == rank, "cat: parts of different ranks");
+    for (int64_t d = 0; d < rank; ++d)
+      TORCH_CHECK(d == dim || p.size(d) == parts[0].size(d), "cat: sizes differ off the cat dim");
+    sizes[dim] += p.size(dim);
+  }
+  at::Tensor out = at::empty(sizes, parts[0].options());
+  int64_t rows = 1, inner = 1;
+  for (int64_t d = 0; d < dim; ++d) rows *= sizes[d];
+  for (int64_t d = dim + 1; d < rank; ++d) inner *= sizes[d];
+  const int64_t width = sizes[dim] * inner;
+  float* dst = out.data_ptr<float>();
+  int64_t offset = 0;
+  for (const at::Tensor& part : parts) {
+    const at::Tensor p = part.contiguous();
+    const int64_t span = p.size(dim) * inner;
+    const float* src = p.data_ptr<float>();
+    at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        std::copy(src + r * span, src + (r + 1) * span, dst + r * width + offset);
+    });
+    offset += span;
+  }
+  return out;
+}
+"""
+
+CAT_CUDA = r"""
+__global__ void __launch_bounds__(256) stitch_cat_kernel(const float* __restrict__ src,
+    float* __restrict__ dst, int64_t span, int64_t width, int64_t offset, int64_t total) {
+  for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;
+       o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = o / span;
+    dst[r * width + offset + (o - r * span)] = src[o];
+  }
+}
+
+static void stitch_cat_launch(const float* src, float* dst, int64_t rows, int64_t span, int64_t width,
+    int64_t offset) {
+  const int64_t total = rows * span;
+  if (total == 0) return;
+  const int64_t blocks = std::min<int64_t>((total + 255) / 256, static_cast<int64_t>(sm_count()) * 8);
+  stitch_cat_kernel<<<blocks, 256, 0, stitch::current_stream()>>>(src, dst, span, width, offset, total);
+  STITCH_LAUNCH_CHECK();
+}
+"""
+
+CAT_CUDA_HOST = r"""
+// torch.cat of float32 tensors along one dim: one copy kernel per part into its slice of the output.
+static at::Tensor stitch_cat(const std::vector<at::Tensor>& parts, int64_t dim) {
+  TORCH_CHECK(!parts.empty(), "cat of no tensors");
+  const int64_t rank = parts[0].dim();
+  if (dim < 0) dim += rank;
+  std::vector<int64_t> sizes = parts[0].sizes().vec();
+  sizes[dim] = 0;
+  for (const at::Tensor& p : parts) {
+    TORCH_CHECK(p.dim() == rank, "cat: parts of different ranks");
+    for (int64_t d = 0; d < rank; ++d)
+      TORCH_CHECK(d == dim || p.size(d) == parts[0].size(d), "cat: sizes differ off the cat dim");
+    sizes[dim] += p.size(dim);
+  }
+  at::Tensor out = at::empty(sizes, parts[0].options());
+  int64_t rows = 1, inner = 1;
+  for (int64_t d = 0; d < dim; ++d) rows *= sizes[d];
+  for (int64_t d = dim + 1; d < rank; ++d) inner *= sizes[d];
+  int64_t offset = 0;
+  for (const at::Tensor& part : parts) {
+    const at::Tensor p = part.contiguous();
+    const int64_t span = p.size(dim) * inner;
+    stitch_cat_launch(p.data_ptr<float>(), out.data_ptr<float>(), rows, span, sizes[dim] * inner, offset);
+    offset += span;
+  }
+  return out;
+}
+"""
+
+
 def helper_source(helpers: set[str], backend: str) -> str:
     """The helper functions a program's host code calls, in dependency order (one translation unit: CPU)."""
     return "\n".join([device_source(helpers, backend), host_source(helpers, backend)]).strip("\n")
@@ -353,6 +438,8 @@ def device_source(helpers: set[str], backend: str) -> str:
         parts.append(CUDA_KERNELS if backend == "cuda" else CPU_KERNELS)
     if "causal" in helpers and backend == "cuda":
         parts.append(CAUSAL_CUDA)
+    if "cat" in helpers and backend == "cuda":
+        parts.append(CAT_CUDA)
     return "\n".join(parts)
 
 
@@ -365,4 +452,6 @@ def host_source(helpers: set[str], backend: str) -> str:
         parts.append(LIBRARY_HELPERS["linear"])
     if "causal" in helpers:
         parts.append(CAUSAL_CUDA_HOST if backend == "cuda" else CAUSAL_CPU)
+    if "cat" in helpers:
+        parts.append(CAT_CUDA_HOST if backend == "cuda" else CAT_CPU)
     return "\n".join(parts)

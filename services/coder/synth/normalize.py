@@ -313,6 +313,9 @@ class Normalizer:
                 raise Unsupported(f"{node.name}: attribute {args[1]} of a tuple")
             self.fn_getitem(node, [args[0], Const(field)], {})
             return
+        if name in ("cat", "concat", "concatenate", "stack") and args and isinstance(args[0], list | tuple):
+            self.define(node, self.cat(node, name == "stack", list(args[0]), args[1:], kwargs))
+            return
         tensor_args = [a for a in args if self.is_tensor(a)]
         if name == "tensor" and not tensor_args:
             self.define(node, self.tensor_literal(node, args))
@@ -383,6 +386,34 @@ class Normalizer:
             self.unavailable[node.name] = f"the tensor attribute {attr} as a value"
             return None
         raise Unsupported(f"{node.name}: tensor attribute {attr}")
+
+    def cat(
+        self, node: TracedNode, stack: bool, parts: list[Any], rest: list[Any], kwargs: dict[str, Any]
+    ) -> Ref:
+        """torch.cat / torch.stack: the program's own copy kernel writes each part into its slice."""
+        dim_arg = rest[0] if rest else kwargs.get("dim", kwargs.get("axis", Const(0)))
+        dim = int(self.literal(dim_arg))
+        if not parts or not all(self.is_tensor(p) for p in parts):
+            raise Unsupported(f"{node.name}: {'stack' if stack else 'cat'} of non-tensors")
+        for p in parts:
+            if self.g.values[p.id].dtype != "float32":
+                raise Unsupported(f"{node.name}: cat of a {self.g.values[p.id].dtype} tensor")
+        rank = len(self.shape_of(parts[0])) + (1 if stack else 0)
+        dim = dim + rank if dim < 0 else dim
+        if stack:
+            parts = [
+                self.view_op(
+                    "unsqueeze",
+                    p,
+                    {"args": [Const(dim)], "kwargs": {}},
+                    (*self.shape_of(p)[:dim], 1, *self.shape_of(p)[dim:]),
+                    node.name,
+                )
+                for p in parts
+            ]
+        if len(self.shape_of(parts[0])) == 0:
+            raise Unsupported(f"{node.name}: cat of 0-d tensors")
+        return self.lib("cat", parts, {"dim": dim}, node)
 
     def tensor_literal(self, node: TracedNode, args: list[Any]) -> Ref:
         """`torch.tensor(number)`: a 0-d constant, folded into the kernels that read it."""
