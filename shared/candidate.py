@@ -1,8 +1,10 @@
 """The candidate program format: files plus a build manifest, and its conversions to and from files.
 
-A candidate's `model_new.py` defines `class ModelNew(nn.Module)` and reaches its compiled extension
-through one top-level line, `import <extension_name> as ext`. The Verifier builds the extension itself
-and puts it on the import path; `export_standalone` turns the same file into a self-contained
+A candidate's `model_new.py` defines `class ModelNew(nn.Module)` and reaches its compiled extension either
+through one top-level line, `import <extension_name> as ext` (the Verifier builds the extension itself and
+puts it on the import path), or through its own torch.utils.cpp_extension build calls (load_inline or load,
+anywhere, once or several times: `build_calls`), each of which becomes a build entry the Verifier builds
+before the run and serves the call from. `export_standalone` turns the first kind into a self-contained
 KernelBench-style module that JIT-builds the sources with torch.utils.cpp_extension.
 """
 
@@ -14,12 +16,18 @@ import re
 from pathlib import Path
 
 from stitchcuda.api.v1 import code_pb2
+from stitchcuda.shared import build_calls
 from stitchcuda.shared.artifacts import sha256_hex
 from stitchcuda.shared.errors import InvalidRequest
 
 ENTRY = "model_new.py"
 MANIFEST = "manifest.json"
 SOURCE_SUFFIXES = (".cpp", ".cc", ".cu", ".cuh", ".h", ".hpp")
+FOLDER_WITH_MANIFEST = "folder with manifest"
+LOOKED_FOR = (
+    f"a folder with {MANIFEST}, or a {ENTRY} (or single .py file) whose ModelNew builds its extension with "
+    "torch.utils.cpp_extension.load_inline or load (at module level, in __init__ or in a helper)"
+)
 
 
 def import_line(extension_name: str) -> str:
@@ -57,26 +65,89 @@ def write_dir(candidate: code_pb2.Candidate, root: Path) -> None:
 
 
 def read_dir(root: Path) -> code_pb2.Candidate:
-    """Reads a candidate folder (model_new.py, sources, manifest.json)."""
-    manifest_path = root / MANIFEST
-    if not manifest_path.is_file():
-        raise InvalidRequest(f"{root} has no {MANIFEST}")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        build = code_pb2.BuildManifest(**manifest)
-    except (ValueError, TypeError) as exc:
-        raise InvalidRequest(f"{manifest_path}: {exc}") from exc
-    files = []
+    """Reads a candidate folder: model_new.py and sources, with manifest.json or build calls of its own."""
+    files: dict[str, str] = {}
     for path in sorted(root.rglob("*")):
         if (
             path.is_file()
             and path.name != MANIFEST
             and (path.suffix in SOURCE_SUFFIXES or path.suffix == ".py")
         ):
-            files.append(
-                code_pb2.SourceFile(path=path.relative_to(root).as_posix(), content=path.read_text())
+            files[path.relative_to(root).as_posix()] = path.read_text()
+    manifest_path = root / MANIFEST
+    if not manifest_path.is_file():
+        if ENTRY not in files:
+            raise InvalidRequest(f"{root} is not a candidate: looked for {LOOKED_FOR}")
+        calls = build_calls.find(files[ENTRY], files)
+        if not calls:
+            raise InvalidRequest(
+                f"{root} has no {MANIFEST} and its {ENTRY} makes no build call: looked for {LOOKED_FOR}"
             )
-    cand = code_pb2.Candidate(schema_version=1, files=files, build=build, entry=ENTRY)
+        return from_build_calls(files, calls, backend="cpu", fmt="folder: " + build_calls.describe(calls))
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        build = code_pb2.BuildManifest(**manifest)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest(f"{manifest_path}: {exc}") from exc
+    sources = [code_pb2.SourceFile(path=p, content=c) for p, c in files.items()]
+    cand = code_pb2.Candidate(
+        schema_version=1, files=sources, build=build, entry=ENTRY, format=FOLDER_WITH_MANIFEST
+    )
+    calls = build_calls.find(files[ENTRY], files) if ENTRY in files else []
+    if calls:
+        # The manifest's extension is imported by name; the entry's own build calls are served as well.
+        served = from_build_calls(files, calls, backend=build.backend)
+        cand.extra_builds.extend([served.build, *served.extra_builds])
+        known = set(files)
+        cand.files.extend(f for f in served.files if f.path not in known)
+        cand.format = f"{FOLDER_WITH_MANIFEST} + {build_calls.describe(calls)}"
+    validate(cand)
+    return cand
+
+
+def builds(candidate: code_pb2.Candidate) -> list[code_pb2.BuildManifest]:
+    """Every extension the candidate needs built: the manifest's, then the further ones."""
+    return [candidate.build, *candidate.extra_builds]
+
+
+def from_build_calls(
+    files: dict[str, str], calls: list[build_calls.BuildCall], backend: str, fmt: str = ""
+) -> code_pb2.Candidate:
+    """A candidate that keeps its entry as written: one build entry per extension its build calls ask for,
+    each served (by name and argument digest) from the Verifier's build when the call runs."""
+    by_name: dict[str, build_calls.BuildCall] = {}
+    for call in calls:
+        first = by_name.setdefault(call.name, call)
+        if first.digest != call.digest:
+            raise InvalidRequest(
+                f"the build calls at lines {first.line} and {call.line} both name extension {call.name!r} "
+                "but ask for different sources or flags"
+            )
+    out = dict(files)
+    manifests: list[code_pb2.BuildManifest] = []
+    for call in by_name.values():
+        for path, text in call.files:
+            out.setdefault(path, text)
+        manifests.append(
+            code_pb2.BuildManifest(
+                extension_name=call.name,
+                sources=[p for p, _ in call.files],
+                cflags=call.cflags,
+                cuda_cflags=call.cuda_cflags,
+                ldflags=call.ldflags,
+                backend="cuda" if call.with_cuda else backend,
+                call_digest=call.digest,
+            )
+        )
+    cand = code_pb2.Candidate(
+        schema_version=1,
+        files=[code_pb2.SourceFile(path=p, content=c) for p, c in out.items()],
+        build=manifests[0],
+        extra_builds=manifests[1:],
+        entry=ENTRY,
+        coder="kernelbench-file",
+        format=fmt or build_calls.describe(calls),
+    )
     validate(cand)
     return cand
 
@@ -86,13 +157,18 @@ def validate(candidate: code_pb2.Candidate) -> None:
     entry = candidate.entry or ENTRY
     if entry not in files:
         raise InvalidRequest(f"candidate has no {entry}")
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,100}", candidate.build.extension_name):
-        raise InvalidRequest(f"invalid extension name: {candidate.build.extension_name!r}")
-    if candidate.build.backend not in ("cpu", "cuda"):
-        raise InvalidRequest(f"build backend must be cpu or cuda, not {candidate.build.backend!r}")
-    for src in candidate.build.sources:
-        if src not in files:
-            raise InvalidRequest(f"build source {src} is not among the candidate's files")
+    names: set[str] = set()
+    for build in builds(candidate):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,100}", build.extension_name):
+            raise InvalidRequest(f"invalid extension name: {build.extension_name!r}")
+        if build.extension_name in names:
+            raise InvalidRequest(f"two builds name the extension {build.extension_name!r}")
+        names.add(build.extension_name)
+        if build.backend not in ("cpu", "cuda"):
+            raise InvalidRequest(f"build backend must be cpu or cuda, not {build.backend!r}")
+        for src in build.sources:
+            if src not in files:
+                raise InvalidRequest(f"build source {src} is not among the candidate's files")
 
 
 def export_standalone(candidate: code_pb2.Candidate) -> str:
@@ -151,33 +227,39 @@ def _literal(node: ast.expr, names: dict[str, ast.expr]) -> object:
 
 
 def from_kernelbench_source(source: str, backend: str) -> code_pb2.Candidate:
-    """Converts a single-file KernelBench candidate using `load_inline(...)` into files + manifest.
+    """Converts a single-file KernelBench candidate that builds its extensions with torch.utils.cpp_extension.
 
-    The arguments must be literals or module-level constants: the Verifier builds the extension
-    itself (so a candidate can never catch its own build failure), which needs them statically.
+    One module-level `ext = load_inline(...)` becomes files + manifest with the import line in its place (the
+    form the Coder writes); any other use of load_inline/load (in __init__, in a cached helper, several
+    extensions) keeps the file as written, with one build entry per extension (`from_build_calls`). The
+    arguments must be literals or constants: the Verifier builds every extension itself (so a candidate can
+    never catch its own build failure), which needs them statically.
     """
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
         raise InvalidRequest(f"candidate does not parse: line {exc.lineno}: {exc.msg}") from exc
+    found = build_calls.find(source, {})
+    if not found:
+        raise InvalidRequest(f"no torch.utils.cpp_extension build call found; looked for {LOOKED_FOR}")
+    fmt = build_calls.describe(found)
+    top = [
+        s
+        for s in tree.body
+        if isinstance(s, ast.Assign)
+        and len(s.targets) == 1
+        and isinstance(s.targets[0], ast.Name)
+        and isinstance(s.value, ast.Call)
+        and s.value.lineno == found[0].line
+    ]
+    if len(found) != 1 or found[0].kind != "load_inline" or not top:
+        return from_build_calls({ENTRY: source}, found, backend, fmt)
     names: dict[str, ast.expr] = {}
     for stmt in tree.body:
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
             names[stmt.targets[0].id] = stmt.value
-    calls = [
-        node
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and (
-            getattr(node.func, "id", None) == "load_inline"
-            or getattr(node.func, "attr", None) == "load_inline"
-        )
-    ]
-    if len(calls) != 1:
-        raise InvalidRequest(
-            f"candidate must call load_inline exactly once at module level (found {len(calls)})"
-        )
-    call = calls[0]
+    call = top[0].value
+    assert isinstance(call, ast.Call)
     kwargs: dict[str, object] = {}
     try:
         for kw in call.keywords:
@@ -248,7 +330,7 @@ def from_kernelbench_source(source: str, backend: str) -> code_pb2.Candidate:
         backend=backend,
     )
     cand = code_pb2.Candidate(
-        schema_version=1, files=files, build=build, entry=ENTRY, coder="kernelbench-file"
+        schema_version=1, files=files, build=build, entry=ENTRY, coder="kernelbench-file", format=fmt
     )
     validate(cand)
     return cand

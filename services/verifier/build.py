@@ -1,6 +1,9 @@
 """Builds candidate extensions in a sandbox, cached by content hash behind the ArtifactStore port.
 
-The cache key covers the sources and headers, the manifest (name, flags, backend), the CUDA arch list
+A candidate that builds several extensions (several load_inline/load calls) gets each built and cached on its
+own (from its sources and the candidate's headers only, so candidates sharing an extension share its build),
+then one folder holding every .so. The cache key covers the sources and headers, the manifest (name, flags,
+backend), the CUDA arch list
 and the toolchain (torch, CUDA, compiler, Python ABI), never model_new.py: candidates that differ only in
 their Python glue share one build. A build is a tar.gz of the built .so under Keys.build_cache(key).
 """
@@ -23,11 +26,12 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from stitchcuda.api.v1 import code_pb2, verify_pb2
 from stitchcuda.shared.artifacts import ArtifactStore, Keys, sha256_hex
-from stitchcuda.shared.candidate import ENTRY
+from stitchcuda.shared.candidate import ENTRY, builds
 from stitchcuda.shared.errors import NotFound
 from stitchcuda.verifier.sandbox import Mount, RunSpec, Sandbox
 from stitchcuda.verifier.settings import VerifierSettings
@@ -93,6 +97,20 @@ def cache_key(candidate: code_pb2.Candidate, arch_list: str) -> str:
     return sha256_hex(json.dumps(doc, sort_keys=True))
 
 
+def split(candidate: code_pb2.Candidate) -> list[code_pb2.Candidate]:
+    """One single-extension candidate per extension; with several, each keeps only its sources and headers."""
+    manifests = builds(candidate)
+    if len(manifests) == 1:
+        return [candidate]
+    headers = (".h", ".cuh", ".hpp")
+    out = []
+    for manifest in manifests:
+        mine = set(manifest.sources)
+        files = [f for f in candidate.files if f.path in mine or f.path.endswith(headers)]
+        out.append(code_pb2.Candidate(files=files, build=manifest, entry=candidate.entry))
+    return out
+
+
 def first_error(log_text: str, build_dir: str = "") -> str:
     """The first real compiler error, trimmed to `file:line: error: message`."""
     lines = log_text.replace("\\n", "\n").splitlines()
@@ -126,12 +144,44 @@ class Builder:
         self.compiles = 0  # real compilations by this builder (cache misses), for metrics and tests
 
     def key(self, candidate: code_pb2.Candidate) -> str:
-        return cache_key(candidate, self.settings.cuda_arch_list)
+        parts = [cache_key(one, self.settings.cuda_arch_list) for one in split(candidate)]
+        return parts[0] if len(parts) == 1 else sha256_hex(*parts)
 
     def local_dir(self, key: str) -> Path:
         return self.root / key
 
     def build(self, candidate: code_pb2.Candidate) -> tuple[verify_pb2.BuildResult, Path | None]:
+        """Every extension of the candidate built (or fetched from the cache); a folder holding every .so.
+        Any extension that fails fails the whole build (D1: the candidate never sees a build error)."""
+        parts = split(candidate)
+        if len(parts) == 1:
+            return self._build_one(parts[0])
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=min(4, len(parts))) as pool:
+            done = list(pool.map(self._build_one, parts))
+        key = sha256_hex(*(r.cache_key for r, _ in done))
+        result = verify_pb2.BuildResult(cache_key=key, ok=True, cached=all(r.cached for r, _ in done))
+        for one, (r, _) in zip(parts, done, strict=True):
+            if not r.ok:
+                name = one.build.extension_name
+                result.ok, result.error, result.log_tail = False, f"{name}: {r.error}", r.log_tail
+                break
+        result.seconds = time.monotonic() - started
+        if not result.ok:
+            return result, None
+        target = self.local_dir(key)
+        with self._lock(key):
+            if not all((target / f"{b.extension_name}.so").is_file() for b in builds(candidate)):
+                staging = Path(tempfile.mkdtemp(dir=self.root, prefix=".stage-"))
+                for _, folder in done:
+                    for so in folder.glob("*.so") if folder else []:
+                        shutil.copy2(so, staging / so.name)
+                staging.chmod(0o755)
+                shutil.rmtree(target, ignore_errors=True)
+                os.replace(staging, target)
+        return result, target
+
+    def _build_one(self, candidate: code_pb2.Candidate) -> tuple[verify_pb2.BuildResult, Path | None]:
         started = time.monotonic()
         key = self.key(candidate)
         name = candidate.build.extension_name

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from stitchcuda.api.v1 import code_pb2
-from stitchcuda.shared.candidate import ENTRY
+from stitchcuda.shared.candidate import ENTRY, builds
 from stitchcuda.verifier import limits
 from stitchcuda.verifier.accounting import CALL_SPAN
 from stitchcuda.verifier.harness import sketch, wire
@@ -166,8 +166,10 @@ class CandidateRunner:
         plan = ref.plan
         cand, ext = root / "cand", root / "ext"
         entry = candidate.entry or ENTRY
+        served = {b.extension_name: b.call_digest for b in builds(candidate) if b.call_digest}
         for f in candidate.files:
-            if f.path.endswith(".py") or f.path == entry:
+            # A candidate whose own build calls are served reads its sources to ask for them (load(...)).
+            if f.path.endswith(".py") or f.path == entry or served:
                 path = cand / f.path
                 if ".." in Path(f.path).parts or Path(f.path).is_absolute():
                     continue
@@ -198,6 +200,8 @@ class CandidateRunner:
             "nonce": nonce,
             "device": ref.device,
             "ext_name": candidate.build.extension_name,
+            "ext_names": [b.extension_name for b in builds(candidate)],
+            "served": served,
             "entry": entry,
             "cand_dir": inside["cand"],
             "ext_dir": inside["ext"],

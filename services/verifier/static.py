@@ -89,7 +89,8 @@ def scan_hits(candidate: code_pb2.Candidate, reference_source: str) -> Hits:
             hits.add("D11.structure", f"{entry} does not parse: {exc.msg}", f"{entry}:{exc.lineno or 0}")
             tree = None
         if tree is not None:
-            names = Names(tree, candidate.build.extension_name)
+            extra = tuple(b.extension_name for b in candidate.extra_builds)
+            names = Names(tree, candidate.build.extension_name, extra)
             program = Program(tree, names)
             flow = Flow(program, names, hits, path=entry)
             flow.run()

@@ -36,7 +36,7 @@ class Flow(Evaluator):
         self.reached = program.reach()
         self.entry_ids = {id(f.node) for f in program.entries()}
         self.triton = program.triton_names()
-        self.ext_aliases = names.ext_aliases() | ({names.ext_name} if names.ext_name else set())
+        self.ext_aliases = names.ext_aliases() | set(names.ext_names)
         self.module_names = _module_names(program.tree)
         self.state: dict[str, Taint] = {}
         self.globals_: dict[str, Taint] = {}
@@ -301,7 +301,8 @@ class Flow(Evaluator):
         elif isinstance(s, ast.Return):
             self.ret(s)
         elif isinstance(s, ast.If | ast.While):
-            self.test(s.test)
+            if not _lazy_build(s, self.names):
+                self.test(s.test)
             self.block(s.body)
             self.block(s.orelse)
         elif isinstance(s, ast.For | ast.AsyncFor):
@@ -477,3 +478,17 @@ def _module_names(tree: ast.Module) -> set[str]:
         for t in targets:
             out |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
     return out
+
+
+def _lazy_build(s: ast.If | ast.While, names: Names) -> bool:
+    """`if _ext is None: _ext = load_inline(...)`: the branch only decides when to build (a served build,
+    whose failure is the Verifier's, never the candidate's), it chooses no fallback."""
+    return (
+        isinstance(s, ast.If)
+        and not s.orelse
+        and all(
+            isinstance(b, ast.Assign | ast.Global)
+            and (isinstance(b, ast.Global) or names.build_call_name(b.value))
+            for b in s.body
+        )
+    )

@@ -117,7 +117,9 @@ class Program:
                         if not (isinstance(t, ast.Attribute) and _is_name(t.value, f.self_name)):
                             continue
                         value = node.value
-                        if isinstance(value, ast.Call):
+                        if self.names.build_call_name(value) is not None:
+                            aliases.setdefault(t.attr, value)  # self.ext = load_inline(...): the extension
+                        elif isinstance(value, ast.Call):
                             q = self.names.qualname(value.func)
                             if q is not None:
                                 types.setdefault(t.attr, q)

@@ -134,7 +134,10 @@ class ModuleScan:
         self.forward_ids, self.ref, self.path = forward_ids, ref, path
         self.streams = Streams()
         self.probe_names: set[str] = set()
-        self.ext_aliases = names.ext_aliases() | ({names.ext_name} if names.ext_name else set())
+        self.ext_aliases = names.ext_aliases() | set(names.ext_names)
+        # Build calls (and their function references) the run serves from the Verifier's build.
+        self.served_calls: set[int] = set()
+        self.served_funcs: set[int] = set()
 
     def hit(self, rule: str, detail: str, node: ast.AST) -> None:
         if rule == "D11.precision" and not self.ref.fp32:
@@ -142,6 +145,13 @@ class ModuleScan:
         self.hits.add(rule, detail, f"{self.path}:{line(node)}")
 
     def run(self, source: str) -> Streams:
+        for node in ast.walk(self.program.tree):
+            if self.names.build_call_name(node) is not None:
+                self.served_funcs.add(id(node.func))  # type: ignore[attr-defined]
+                self.served_calls.add(id(node))
+        for node in _in_try(self.program.tree):
+            if id(node) in self.served_calls:
+                self.hit("D11.guarded-build", "the extension build call is guarded by try/except", node)
         for node in ast.walk(self.program.tree):
             if isinstance(node, ast.Assign) and _calls(node.value, self.names, MEMORY_PROBE):
                 for t in node.targets:
@@ -193,9 +203,13 @@ class ModuleScan:
             self.hit("D11.reference", "names the reference class Model", node)
         if isinstance(node, ast.Attribute) and node.attr == "Model":
             self.hit("D11.reference", f"reaches a Model class: {ast.unparse(node)[:60]}", node)
+        if id(node) in self.served_funcs:
+            return
         q = self.names.qualname(node)
         if q is None or self.names.is_ext(q):
             return
+        if self.served_funcs and q in PATH_STRINGS:
+            return  # path arithmetic for cpp_extension.load's sources reads nothing
         rule = module_rule(q)
         if rule:
             self.hit(rule, f"uses {q}", node)
@@ -212,7 +226,11 @@ class ModuleScan:
                 self.hit("D11.redefine", f"rebinds {target.id}", node)
             elif top and target.id in self.ref.constants:
                 self.hit("D11.redefine", f"reassigns the reference's module constant {target.id}", node)
-            if target.id in self.ext_aliases and isinstance(node, ast.Assign):
+            served = isinstance(node, ast.Assign) and (
+                id(node.value) in self.served_calls
+                or (top and isinstance(node.value, ast.Constant) and node.value.value is None)
+            )
+            if target.id in self.ext_aliases and isinstance(node, ast.Assign) and not served:
                 self.hit("D11.guarded-build", f"rebinds the extension name {target.id}", node)
             return
         base = target.value if isinstance(target, ast.Subscript) else target
@@ -379,12 +397,14 @@ class ModuleScan:
             anchor = ast.Pass(lineno=imp.line)
             if imp.name == "Model":
                 self.hit("D11.reference", f"imports Model from {imp.module}", anchor)
-            if imp.module == self.names.ext_name and self.names.ext_name:
+            if imp.module in self.names.ext_names:
                 if not imp.top_level or imp.in_try:
                     self.hit("D11.guarded-build", "the extension import is guarded (try/if/function)", anchor)
                 continue
             if imp.star:
                 self.hit("D11.import", f"star import from {imp.module}", anchor)
+            if self.served_funcs and full in SERVED_IMPORTS:
+                continue  # the build functions the run serves from the Verifier's build
             rule = module_rule(full) or module_rule(imp.module)
             if rule:
                 self.hit(rule, f"imports {full}", anchor)
@@ -434,6 +454,24 @@ class ModuleScan:
                     )
         except (tokenize.TokenError, SyntaxError):
             return
+
+
+PATH_STRINGS = {f"os.path.{f}" for f in ("join", "dirname", "basename", "abspath", "normpath", "split")}
+SERVED_IMPORTS = {
+    "torch.utils.cpp_extension",
+    "torch.utils.cpp_extension.load",
+    "torch.utils.cpp_extension.load_inline",
+}
+
+
+def _in_try(tree: ast.Module) -> list[ast.AST]:
+    """Every node inside a try statement's body or handlers."""
+    out: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try | ast.TryStar):
+            for stmt in [*node.body, *node.handlers]:
+                out.extend(ast.walk(stmt))
+    return out
 
 
 def _calls(node: ast.AST, names: Names, prefixes: tuple[str, ...]) -> bool:

@@ -6,6 +6,7 @@ import ast
 import builtins
 from dataclasses import dataclass, field
 
+from stitchcuda.shared import build_calls
 from stitchcuda.verifier.static_vocab import MODULE_RULES
 
 BUILTIN_NAMES = frozenset(dir(builtins))
@@ -31,15 +32,44 @@ class Names:
 
     tree: ast.Module
     ext_name: str
+    # Further extensions the candidate builds itself (several load_inline/load calls).
+    extra_ext: tuple[str, ...] = ()
     aliases: dict[str, str] = field(default_factory=dict)
     bound: set[str] = field(default_factory=set)
     imports: list[Import] = field(default_factory=list)
+    # Module-level functions that return an extension module (a cached build helper): name -> extension.
+    helpers: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.build_imports = build_calls.build_funcs(self.tree)
+        self.ext_names = frozenset(n for n in (self.ext_name, *self.extra_ext) if n)
         self._collect_imports(self.tree.body, top=True, in_try=False)
         for node in ast.walk(self.tree):
             self._collect_bound(node)
         self._collect_assign_aliases()
+        self._collect_helpers()
+
+    def build_call_name(self, node: ast.AST) -> str | None:
+        """The extension a load_inline/load call builds, when it is one of the candidate's served builds."""
+        if not isinstance(node, ast.Call):
+            return None
+        name = build_calls.static_name(node, self.build_imports)
+        return name if name in self.ext_names else None
+
+    def _collect_helpers(self) -> None:
+        for _ in range(3):  # helpers returning helpers
+            for stmt in self.tree.body:
+                if not isinstance(stmt, ast.FunctionDef) or stmt.name in self.helpers:
+                    continue
+                returned = {
+                    self.qualname(n.value)
+                    for n in ast.walk(stmt)
+                    if isinstance(n, ast.Return) and n.value is not None
+                }
+                if len(returned) == 1:
+                    (q,) = returned
+                    if q is not None and q in self.ext_names:
+                        self.helpers[stmt.name] = q
 
     # -- collection ---------------------------------------------------------------------------------
     def _collect_imports(self, body: list[ast.stmt], *, top: bool, in_try: bool) -> None:
@@ -124,6 +154,11 @@ class Names:
             base = self.qualname(node.value)
             return f"{base}.{node.attr}" if base is not None else None
         if isinstance(node, ast.Call):
+            built = self.build_call_name(node)
+            if built is not None:
+                return built
+            if isinstance(node.func, ast.Name) and node.func.id in self.helpers and not node.args:
+                return self.helpers[node.func.id]
             fn = self.qualname(node.func)
             if fn == "builtins.getattr" and len(node.args) >= 2 and _const_str(node.args[1]) is not None:
                 base = self.qualname(node.args[0])
@@ -151,9 +186,9 @@ class Names:
         return None
 
     def is_ext(self, q: str | None) -> bool:
-        if not q or not self.ext_name:
+        if not q:
             return False
-        return q == self.ext_name or q.startswith((self.ext_name + ".", f"torch.ops.{self.ext_name}."))
+        return any(q == n or q.startswith((n + ".", f"torch.ops.{n}.")) for n in self.ext_names)
 
     def ext_aliases(self) -> set[str]:
         """Local names bound to the extension module or to one of its functions."""

@@ -1,5 +1,7 @@
 """Keeps the corpus's shared C++/CUDA sources byte-identical: `python tests/corpus/sync.py` copies each kit from
-_kits/ into every candidate folder whose manifest lists it, and writes the kit's one manifest there.
+_kits/ into every candidate folder whose manifest lists it, and writes the kit's one manifest there. Folders
+without a manifest (build formats: the candidate's own load_inline/load calls) list the kit files they ship
+under "kits" in expect.json, and embed _kits/inline.cpp as their CPP_SOURCE raw-string literal.
 
 Identical sources and flags give one build-cache key, so the whole corpus compiles each kit once.
 """
@@ -7,6 +9,7 @@ Identical sources and flags give one build-cache key, so the whole corpus compil
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -59,10 +62,38 @@ def kit_of(folder: Path) -> str:
     return str(manifest["sources"][0])
 
 
+INLINE_KIT = "inline.cpp"
+_INLINE = re.compile(r'^CPP_SOURCE = r"""\n(.*?)"""$', re.S | re.M)
+
+
+def build_format_problems(folder: Path, fix: bool) -> list[str]:
+    """A manifest-less folder: its shipped kits and its embedded inline kit equal _kits/."""
+    out: list[str] = []
+    for src in expect(folder).get("kits", []) or []:  # type: ignore[attr-defined]
+        master = (KITS / str(src)).read_text()
+        copy = folder / str(src)
+        if not copy.is_file() or copy.read_text() != master:
+            out.append(f"{folder.name}: {src} differs from _kits/{src}")
+            if fix:
+                copy.write_text(master)
+    entry = folder / "model_new.py"
+    text = entry.read_text()
+    m = _INLINE.search(text)
+    master = (KITS / INLINE_KIT).read_text()
+    if m and m.group(1) != master:
+        out.append(f"{folder.name}: its CPP_SOURCE differs from _kits/{INLINE_KIT}")
+        if fix:
+            entry.write_text(text[: m.start(1)] + master + text[m.end(1) :])
+    return out
+
+
 def problems(fix: bool = False) -> list[str]:
     """Folders whose kit copy or manifest differs from _kits/ (fixed in place when fix=True)."""
     out: list[str] = []
     for folder in candidate_dirs():
+        if not (folder / "manifest.json").is_file():
+            out.extend(build_format_problems(folder, fix))
+            continue
         kit = kit_of(folder)
         if kit not in MANIFESTS:
             out.append(f"{folder.name}: unknown kit {kit}")
@@ -94,6 +125,11 @@ Most candidates share a few byte-identical sources from `_kits/` (one build-cach
 corpus compiles 3 extensions): `kit.cpp` (honest kernels plus statically clean wrong ones), `cbad.cpp` (hacks
 that live in C++), `ccomment.cpp`; CUDA: `ckit.cu`, `cstream.cu`, `csmem.cu`, `cmainloop.cu`. After editing a
 kit, run `python tests/corpus/sync.py` (copies kits and manifests, regenerates this table).
+
+The `bf_*` folders are the other build formats (no manifest: the candidate's own `load_inline`/`load` calls at
+module level, in `__init__`, in cached helpers, one or two extensions). They embed `_kits/inline.cpp` as their
+`CPP_SOURCE` literal or ship `kit.cpp` (listed under `kits` in expect.json), so they add 3 builds: the inline kit
+under two names and one that fails on purpose.
 
 Tests: `tests/unit/verifier_static/test_static_corpus.py` (static scan only),
 `tests/integration/test_hack_corpus.py` (CPU, marker `slow`), `tests/gpu/test_hack_corpus_gpu.py` (marker `gpu`).

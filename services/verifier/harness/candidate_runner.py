@@ -25,6 +25,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common
+import served_builds
 import stats
 import wire
 
@@ -721,6 +722,11 @@ def main() -> None:
     py_threads_before = {t.ident for t in threading.enumerate()}
     os_threads_before = os_threads()
 
+    # The candidate's own build calls are served from the Verifier's build (imported before the audit hook).
+    served: Any = None
+    if header.get("served"):
+        served = importlib.import_module("torch.utils.cpp_extension")
+
     findings.live = lambda item: send({"kind": "finding", **item})
     auditor = Auditor(findings, roots)
     sys.addaudithook(auditor.hook)
@@ -748,8 +754,16 @@ def main() -> None:
         sys.modules["__main__"] = types.ModuleType("__main__")
         auditor.phase = "import"
         sys.path.insert(0, roots["ext"])
-        ext = importlib.import_module(header["ext_name"])
-        wrap_extension(ext, token, custom_calls, prof_on, record_function)
+        modules = {}
+        for ext_name in header.get("ext_names") or [header["ext_name"]]:
+            modules[ext_name] = importlib.import_module(ext_name)
+            wrap_extension(modules[ext_name], token, custom_calls, prof_on, record_function)
+        if served is not None:
+
+            def refuse(msg: str) -> None:
+                findings.add("D1.build-call", "REJECT", msg, auditor.phase)
+
+            served_builds.install(served, modules, header["served"], roots["cand"], refuse)
         if device == "cuda":
             count_graph_replays(torch.cuda.CUDAGraph, custom_calls)
         sys.path.insert(1, roots["cand"])

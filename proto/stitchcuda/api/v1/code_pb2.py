@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cstitchcuda/api/v1/code.proto\x12\x11stitchcuda.api.v1\"+\n\nSourceFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x92\x01\n\rBuildManifest\x12\x16\n\x0e\x65xtension_name\x18\x01 \x01(\t\x12\x0f\n\x07sources\x18\x02 \x03(\t\x12\x0e\n\x06\x63\x66lags\x18\x03 \x03(\t\x12\x13\n\x0b\x63uda_cflags\x18\x04 \x03(\t\x12\x0f\n\x07ldflags\x18\x05 \x03(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x11\n\tlibraries\x18\x07 \x03(\t\"P\n\nTokenUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x04\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x04\x12\x10\n\x08requests\x18\x03 \x01(\r\"\xa6\x03\n\tCandidate\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x14\n\x0c\x63\x61ndidate_id\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\r\n\x05round\x18\x04 \x01(\r\x12,\n\x05\x66iles\x18\x05 \x03(\x0b\x32\x1d.stitchcuda.api.v1.SourceFile\x12/\n\x05\x62uild\x18\x06 \x01(\x0b\x32 .stitchcuda.api.v1.BuildManifest\x12\r\n\x05\x65ntry\x18\x07 \x01(\t\x12\r\n\x05\x63oder\x18\x08 \x01(\t\x12\x11\n\trationale\x18\t \x01(\t\x12:\n\x07variant\x18\n \x03(\x0b\x32).stitchcuda.api.v1.Candidate.VariantEntry\x12,\n\x05usage\x18\x0b \x01(\x0b\x32\x1d.stitchcuda.api.v1.TokenUsage\x12\x11\n\tparent_id\x18\x0c \x01(\t\x12\x0f\n\x07\x66\x61ilure\x18\r \x01(\t\x1a.\n\x0cVariantEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd7\x01\n\x0c\x43oderRequest\x12\'\n\x05skill\x18\x01 \x01(\x0e\x32\x18.stitchcuda.api.v1.Skill\x12\x15\n\rreference_key\x18\x02 \x01(\t\x12\x10\n\x08plan_key\x18\x03 \x01(\t\x12\x1e\n\x16previous_candidate_key\x18\x04 \x01(\t\x12\x1c\n\x14previous_verdict_key\x18\x05 \x01(\t\x12\x0f\n\x07samples\x18\x06 \x01(\r\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x15\n\rkernel_policy\x18\x08 \x01(\t*F\n\x05Skill\x12\x15\n\x11SKILL_UNSPECIFIED\x10\x00\x12\x12\n\x0eSKILL_GENERATE\x10\x01\x12\x12\n\x0eSKILL_OPTIMIZE\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cstitchcuda/api/v1/code.proto\x12\x11stitchcuda.api.v1\"+\n\nSourceFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xa7\x01\n\rBuildManifest\x12\x16\n\x0e\x65xtension_name\x18\x01 \x01(\t\x12\x0f\n\x07sources\x18\x02 \x03(\t\x12\x0e\n\x06\x63\x66lags\x18\x03 \x03(\t\x12\x13\n\x0b\x63uda_cflags\x18\x04 \x03(\t\x12\x0f\n\x07ldflags\x18\x05 \x03(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x11\n\tlibraries\x18\x07 \x03(\t\x12\x13\n\x0b\x63\x61ll_digest\x18\x08 \x01(\t\"P\n\nTokenUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x04\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x04\x12\x10\n\x08requests\x18\x03 \x01(\r\"\xee\x03\n\tCandidate\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x14\n\x0c\x63\x61ndidate_id\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\r\n\x05round\x18\x04 \x01(\r\x12,\n\x05\x66iles\x18\x05 \x03(\x0b\x32\x1d.stitchcuda.api.v1.SourceFile\x12/\n\x05\x62uild\x18\x06 \x01(\x0b\x32 .stitchcuda.api.v1.BuildManifest\x12\r\n\x05\x65ntry\x18\x07 \x01(\t\x12\r\n\x05\x63oder\x18\x08 \x01(\t\x12\x11\n\trationale\x18\t \x01(\t\x12:\n\x07variant\x18\n \x03(\x0b\x32).stitchcuda.api.v1.Candidate.VariantEntry\x12,\n\x05usage\x18\x0b \x01(\x0b\x32\x1d.stitchcuda.api.v1.TokenUsage\x12\x11\n\tparent_id\x18\x0c \x01(\t\x12\x0f\n\x07\x66\x61ilure\x18\r \x01(\t\x12\x36\n\x0c\x65xtra_builds\x18\x0e \x03(\x0b\x32 .stitchcuda.api.v1.BuildManifest\x12\x0e\n\x06\x66ormat\x18\x0f \x01(\t\x1a.\n\x0cVariantEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd7\x01\n\x0c\x43oderRequest\x12\'\n\x05skill\x18\x01 \x01(\x0e\x32\x18.stitchcuda.api.v1.Skill\x12\x15\n\rreference_key\x18\x02 \x01(\t\x12\x10\n\x08plan_key\x18\x03 \x01(\t\x12\x1e\n\x16previous_candidate_key\x18\x04 \x01(\t\x12\x1c\n\x14previous_verdict_key\x18\x05 \x01(\t\x12\x0f\n\x07samples\x18\x06 \x01(\r\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x15\n\rkernel_policy\x18\x08 \x01(\t*F\n\x05Skill\x12\x15\n\x11SKILL_UNSPECIFIED\x10\x00\x12\x12\n\x0eSKILL_GENERATE\x10\x01\x12\x12\n\x0eSKILL_OPTIMIZE\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,18 +33,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CANDIDATE_VARIANTENTRY']._loaded_options = None
   _globals['_CANDIDATE_VARIANTENTRY']._serialized_options = b'8\001'
-  _globals['_SKILL']._serialized_start=970
-  _globals['_SKILL']._serialized_end=1040
+  _globals['_SKILL']._serialized_start=1063
+  _globals['_SKILL']._serialized_end=1133
   _globals['_SOURCEFILE']._serialized_start=51
   _globals['_SOURCEFILE']._serialized_end=94
   _globals['_BUILDMANIFEST']._serialized_start=97
-  _globals['_BUILDMANIFEST']._serialized_end=243
-  _globals['_TOKENUSAGE']._serialized_start=245
-  _globals['_TOKENUSAGE']._serialized_end=325
-  _globals['_CANDIDATE']._serialized_start=328
-  _globals['_CANDIDATE']._serialized_end=750
-  _globals['_CANDIDATE_VARIANTENTRY']._serialized_start=704
-  _globals['_CANDIDATE_VARIANTENTRY']._serialized_end=750
-  _globals['_CODERREQUEST']._serialized_start=753
-  _globals['_CODERREQUEST']._serialized_end=968
+  _globals['_BUILDMANIFEST']._serialized_end=264
+  _globals['_TOKENUSAGE']._serialized_start=266
+  _globals['_TOKENUSAGE']._serialized_end=346
+  _globals['_CANDIDATE']._serialized_start=349
+  _globals['_CANDIDATE']._serialized_end=843
+  _globals['_CANDIDATE_VARIANTENTRY']._serialized_start=797
+  _globals['_CANDIDATE_VARIANTENTRY']._serialized_end=843
+  _globals['_CODERREQUEST']._serialized_start=846
+  _globals['_CODERREQUEST']._serialized_end=1061
 # @@protoc_insertion_point(module_scope)

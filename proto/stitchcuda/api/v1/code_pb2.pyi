@@ -69,10 +69,16 @@ class BuildManifest(_message.Message):
     LDFLAGS_FIELD_NUMBER: _builtins.int
     BACKEND_FIELD_NUMBER: _builtins.int
     LIBRARIES_FIELD_NUMBER: _builtins.int
+    CALL_DIGEST_FIELD_NUMBER: _builtins.int
     extension_name: _builtins.str
     """Python import name of the built extension; model_new.py imports it."""
     backend: _builtins.str
     """"cpu" or "cuda"."""
+    call_digest: _builtins.str
+    """For an extension the candidate's own code builds (a cpp_extension.load_inline/load call): the digest
+    of that call's arguments. The Verifier builds it and serves the call from this build when the
+    arguments the code passes at run time have this digest; empty for an extension imported by name.
+    """
     @_builtins.property
     def sources(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Paths into Candidate.files compiled into the extension."""
@@ -99,10 +105,11 @@ class BuildManifest(_message.Message):
         ldflags: _abc.Iterable[_builtins.str] | None = ...,
         backend: _builtins.str = ...,
         libraries: _abc.Iterable[_builtins.str] | None = ...,
+        call_digest: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "cflags", b"cflags", "cuda_cflags", b"cuda_cflags", "extension_name", b"extension_name", "ldflags", b"ldflags", "libraries", b"libraries", "sources", b"sources"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "call_digest", b"call_digest", "cflags", b"cflags", "cuda_cflags", b"cuda_cflags", "extension_name", b"extension_name", "ldflags", b"ldflags", "libraries", b"libraries", "sources", b"sources"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -170,6 +177,8 @@ class Candidate(_message.Message):
     USAGE_FIELD_NUMBER: _builtins.int
     PARENT_ID_FIELD_NUMBER: _builtins.int
     FAILURE_FIELD_NUMBER: _builtins.int
+    EXTRA_BUILDS_FIELD_NUMBER: _builtins.int
+    FORMAT_FIELD_NUMBER: _builtins.int
     schema_version: _builtins.int
     candidate_id: _builtins.str
     job_id: _builtins.str
@@ -181,6 +190,8 @@ class Candidate(_message.Message):
     parent_id: _builtins.str
     failure: _builtins.str
     """Set when the coder failed to produce a program (unparseable answer, ...)."""
+    format: _builtins.str
+    """How the candidate was given, as recognised: "folder with manifest", "load_inline x2 in __init__", ..."""
     @_builtins.property
     def files(self) -> _containers.RepeatedCompositeFieldContainer[Global___SourceFile]:
         """model_new.py (class ModelNew) plus the C++/CUDA sources and the binding."""
@@ -193,6 +204,10 @@ class Candidate(_message.Message):
 
     @_builtins.property
     def usage(self) -> Global___TokenUsage: ...
+    @_builtins.property
+    def extra_builds(self) -> _containers.RepeatedCompositeFieldContainer[Global___BuildManifest]:
+        """Further extensions the entry builds itself (several build calls), each built like `build`."""
+
     def __init__(
         self,
         *,
@@ -209,10 +224,12 @@ class Candidate(_message.Message):
         usage: Global___TokenUsage | None = ...,
         parent_id: _builtins.str = ...,
         failure: _builtins.str = ...,
+        extra_builds: _abc.Iterable[Global___BuildManifest] | None = ...,
+        format: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["build", b"build", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["build", b"build", "candidate_id", b"candidate_id", "coder", b"coder", "entry", b"entry", "failure", b"failure", "files", b"files", "job_id", b"job_id", "parent_id", b"parent_id", "rationale", b"rationale", "round", b"round", "schema_version", b"schema_version", "usage", b"usage", "variant", b"variant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["build", b"build", "candidate_id", b"candidate_id", "coder", b"coder", "entry", b"entry", "extra_builds", b"extra_builds", "failure", b"failure", "files", b"files", "format", b"format", "job_id", b"job_id", "parent_id", b"parent_id", "rationale", b"rationale", "round", b"round", "schema_version", b"schema_version", "usage", b"usage", "variant", b"variant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

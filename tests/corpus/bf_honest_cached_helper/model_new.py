@@ -1,0 +1,73 @@
+"""Honest: a cached helper builds the extension the first time forward needs it."""
+
+import functools
+
+import torch
+import torch.nn as nn
+from torch.utils import cpp_extension
+
+CPP_SOURCE = r"""
+#include <cmath>
+
+static inline float gelu_tanh(float v) {
+  const float k = 0.7978845608028654f;
+  return 0.5f * v * (1.0f + std::tanh(k * (v + 0.044715f * v * v * v)));
+}
+
+torch::Tensor affine(torch::Tensor x, double scale, double shift) {
+  TORCH_CHECK(x.is_contiguous() && x.scalar_type() == torch::kFloat, "affine: contiguous float32");
+  auto y = torch::empty_like(x);
+  const float* src = x.data_ptr<float>();
+  float* dst = y.data_ptr<float>();
+  const int64_t n = x.numel();
+  const float a = static_cast<float>(scale), b = static_cast<float>(shift);
+  at::parallel_for(0, n, 4096, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) dst[i] = src[i] * a + b;
+  });
+  return y;
+}
+
+torch::Tensor gelu_mul(torch::Tensor y, torch::Tensor x) {
+  TORCH_CHECK(y.is_contiguous() && x.is_contiguous() && y.numel() == x.numel(), "gelu_mul: shapes");
+  auto out = torch::empty_like(x);
+  const float* ys = y.data_ptr<float>();
+  const float* xs = x.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, x.numel(), 4096, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) dst[i] = gelu_tanh(ys[i]) * xs[i];
+  });
+  return out;
+}
+
+torch::Tensor chain(torch::Tensor x, double scale, double shift) {
+  TORCH_CHECK(x.is_contiguous() && x.scalar_type() == torch::kFloat, "chain: contiguous float32");
+  auto out = torch::empty_like(x);
+  const float* src = x.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  const float a = static_cast<float>(scale), b = static_cast<float>(shift);
+  at::parallel_for(0, x.numel(), 4096, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) dst[i] = gelu_tanh(src[i] * a + b) * src[i];
+  });
+  return out;
+}
+"""
+
+
+@functools.cache
+def _ext():
+    return cpp_extension.load_inline(
+        name="corpus_inline",
+        cpp_sources=CPP_SOURCE,
+        functions=["affine", "gelu_mul", "chain"],
+        extra_cflags=["-O2"],
+    )
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale: float, shift: float):
+        super().__init__()
+        self.scale = float(scale)
+        self.shift = float(shift)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _ext().chain(x.contiguous(), self.scale, self.shift)
