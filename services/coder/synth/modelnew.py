@@ -213,6 +213,12 @@ def build_source(
             original = ref.defs[name]
             bound = _bound_names(original)
             node = _Inline(literals, bound).visit(ast.parse(ast.unparse(original)).body[0])
+            if isinstance(node, ast.ClassDef):
+                # A submodule class is copied for its constructor (the same parameters, in the same RNG
+                # order); its forward is the extension's work and must not ship as torch code.
+                node.body = [
+                    s for s in node.body if not (isinstance(s, ast.FunctionDef) and s.name == "forward")
+                ] or [ast.Pass()]
             helper_defs.append(node)
             queue += sorted(_names(node) - bound - seen)
         elif name in literals or name in ("ModelNew", "self", "super") or hasattr(builtins, name) or lenient:
