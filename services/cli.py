@@ -174,7 +174,7 @@ def _write_out(platform: Any, job: Any, out: Path) -> None:
 
 
 def _load_candidate(candidate: Path, device: str) -> Any:
-    """A candidate folder (manifest.json) or one load_inline .py file, as `verify` and `reward` take it."""
+    """A candidate folder or one .py file that builds its extensions, as `verify` and `reward` take it."""
     from stitchcuda.shared import candidate as cand_format
     from stitchcuda.shared.errors import InvalidRequest
 
@@ -193,19 +193,37 @@ def _load_candidate(candidate: Path, device: str) -> Any:
 
 @app.command()
 def verify(
-    reference: Annotated[Path, typer.Argument(metavar="REFERENCE.py")],
+    reference: Annotated[Path | None, typer.Argument(metavar="REFERENCE.py")] = None,
     candidate: Annotated[
-        Path, typer.Argument(metavar="CANDIDATE", help="A load_inline .py file or a folder.")
-    ],
+        Path | None,
+        typer.Argument(
+            metavar="CANDIDATE",
+            help="A .py file building its extensions with cpp_extension.load_inline/load, or a folder.",
+        ),
+    ] = None,
     device: Annotated[DeviceChoice, typer.Option()] = DeviceChoice.auto,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
     policy: Annotated[PolicyChoice, typer.Option(help=POLICY_HELP)] = PolicyChoice.strict,
+    batch: Annotated[
+        Path | None,
+        typer.Option(
+            help="Verify every case of DIR (cases.tsv, or folders with reference.py and candidates): "
+            "JSON lines, resumable.",
+            metavar="DIR",
+        ),
+    ] = None,
+    jobs: Annotated[int, typer.Option(help="Parallel builds with --batch (0: half the cores).")] = 0,
 ) -> None:
     """Verify CANDIDATE against REFERENCE: exit 0 if accepted, 1 if rejected, 2 for a usage error."""
     from stitchcuda.api.v1 import verify_pb2
     from stitchcuda.shared.errors import ProblemError
     from stitchcuda.verifier.service import VerifierService
 
+    request = verify_pb2.VerifyPolicy(kernel_policy=policy.value)
+    if batch is not None:
+        _verify_batch(batch, _resolve_device(device), request, jobs)
+    if reference is None or candidate is None:
+        raise _fail("verify needs REFERENCE.py and CANDIDATE, or --batch DIR")
     prob = _load_problem(reference)
     resolved = _resolve_device(device)
     cand = _load_candidate(candidate, resolved)
@@ -214,21 +232,37 @@ def verify(
         from stitchcuda.shared.policy import KernelPolicy
 
         cand.build.libraries.extend(sorted(KernelPolicy("library").families()))
+    if not as_json:
+        Console(stderr=True).print(f"candidate format: {cand.format}", highlight=False)
     try:
-        verdict = VerifierService().verify(
-            prob.source, cand, device=resolved, policy=verify_pb2.VerifyPolicy(kernel_policy=policy.value)
-        )
+        verdict = VerifierService().verify(prob.source, cand, device=resolved, policy=request)
     except ProblemError as exc:
         raise _fail(str(exc)) from None
     if as_json:
         from stitchcuda.verifier.cli import verdict_json
 
-        sys.stdout.write(json.dumps(verdict_json(verdict, resolved), indent=2) + "\n")
+        sys.stdout.write(json.dumps(verdict_json(verdict, resolved, fmt=cand.format), indent=2) + "\n")
     else:
         from stitchcuda.progress import print_verdict
 
         print_verdict(Console(), verdict)
     raise typer.Exit(EXIT_OK if verdict.accepted else EXIT_REJECTED)
+
+
+def _verify_batch(root: Path, device: str, policy: Any, jobs: int) -> None:
+    """`verify --batch DIR`: one JSON line per case on stdout, then the summary; exit 0 when all accepted."""
+    from stitchcuda.shared.errors import InvalidRequest
+    from stitchcuda.verifier import batch
+
+    def emit(record: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(record) + "\n")
+        sys.stdout.flush()
+
+    try:
+        summary = batch.run(root, device, policy, emit, jobs=jobs)
+    except InvalidRequest as exc:
+        raise _fail(str(exc)) from None
+    raise typer.Exit(EXIT_OK if summary["accepted"] == summary["cases"] else EXIT_REJECTED)
 
 
 class SkillChoice(StrEnum):

@@ -1,7 +1,8 @@
 """`stitchcuda verify REFERENCE.py CANDIDATE [--device cpu|cuda|auto] [--json]`: one verdict, printed.
 
-CANDIDATE is a candidate folder (model_new.py, sources, manifest.json) or a single KernelBench-style
-file that calls load_inline. Exit status: 0 accepted, 1 rejected, 2 usage or reference error.
+CANDIDATE is a candidate folder (model_new.py, sources, manifest.json, or no manifest and model_new.py's own
+build calls) or a single KernelBench-style file building its extensions with cpp_extension.load_inline/load.
+Exit status: 0 accepted, 1 rejected, 2 usage or reference error.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ _SEVERITY = {
 }
 
 
-def verdict_json(verdict: verify_pb2.Verdict, device: str) -> dict[str, Any]:
+def verdict_json(verdict: verify_pb2.Verdict, device: str, fmt: str = "") -> dict[str, Any]:
     """The stable CLI/JSON view of a verdict: the headline fields first, the full message under `verdict`."""
     return {
+        "format": fmt,
         "accepted": verdict.accepted,
         "compiled": verdict.compiled,
         "correct": verdict.correct,
@@ -93,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(verdict_json(verdict, device)))
+        print(json.dumps(verdict_json(verdict, device, fmt=cand.format)))
     else:
+        print(f"candidate format: {cand.format}")
         print(verdict.feedback)
     return 0 if verdict.accepted else 1
