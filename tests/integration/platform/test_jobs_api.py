@@ -79,7 +79,15 @@ def test_submit_over_http_follow_sse_and_download(fake_platform: Platform, api_k
         job = http.get(f"/v1/jobs/{job_id}").json()
         assert job["status"]["state"] == "JOB_STATE_SUCCEEDED"
         assert sorted(job["artifacts"]) == sorted(
-            ["reference", "plan", "model_new.py", "candidate.pb", "report.json", "report.html"]
+            [
+                "reference",
+                "plan",
+                "model_new.py",
+                "candidate.pb",
+                "report.json",
+                "report.html",
+                "trajectory.json",
+            ]
         )
         result = http.get(f"/v1/jobs/{job_id}/artifacts/result")
         assert result.status_code == 200 and "class ModelNew" in result.text
