@@ -19,6 +19,19 @@ for name, path in ROOTS.items():
     found = find_namespace_packages(path, exclude=["*__pycache__*", "build*", "*.egg-info*"])
     packages.extend(f"{name}.{sub}" for sub in found)
 
-DATA = ["py.typed", "*.proto", "*.j2", "*.md", "*.txt", "*.json", "*.cu", "*.cuh", "*.cpp", "*.h", "*.html"]
+DATA = [
+    "py.typed",
+    "*.proto",
+    "*.j2",
+    "*.md",
+    "*.txt",
+    "*.json",
+    "*.yaml",
+    "*.cu",
+    "*.cuh",
+    "*.cpp",
+    "*.h",
+    "*.html",
+]
 
 setup(packages=packages, package_dir=package_dir, package_data=dict.fromkeys(packages, DATA))
