@@ -341,10 +341,8 @@ static void stitch_causal_fill(at::Tensor& scores) {
 """
 
 
-CAT_CPU = r"""
-// torch.cat of float32 tensors along one dim: each part's rows copied into their slice of the output.
-static at::Tensor stitch_cat(const std::vector<at::Tensor>& parts, int64_t dim) {
-  TORCH_CHECK(!parts.empty(), "cat of no tensors");
+# Both backends' host part: checks the parts, allocates the output, splits it into rows x cat-dim x inner.
+_CAT_PRELUDE = r"""  TORCH_CHECK(!parts.empty(), "cat of no tensors");
   const int64_t rank = parts[0].dim();
   if (dim < 0) dim += rank;
   std::vector<int64_t> sizes = parts[0].sizes().vec();
@@ -359,7 +357,12 @@ static at::Tensor stitch_cat(const std::vector<at::Tensor>& parts, int64_t dim) 
   int64_t rows = 1, inner = 1;
   for (int64_t d = 0; d < dim; ++d) rows *= sizes[d];
   for (int64_t d = dim + 1; d < rank; ++d) inner *= sizes[d];
-  const int64_t width = sizes[dim] * inner;
+"""
+
+CAT_CPU = r"""
+// torch.cat of float32 tensors along one dim: each part's rows copied into their slice of the output.
+static at::Tensor stitch_cat(const std::vector<at::Tensor>& parts, int64_t dim) {
+__CAT_PRELUDE__  const int64_t width = sizes[dim] * inner;
   float* dst = out.data_ptr<float>();
   int64_t offset = 0;
   for (const at::Tensor& part : parts) {
@@ -374,7 +377,7 @@ static at::Tensor stitch_cat(const std::vector<at::Tensor>& parts, int64_t dim) 
   }
   return out;
 }
-"""
+""".replace("__CAT_PRELUDE__", _CAT_PRELUDE)
 
 CAT_CUDA = r"""
 __global__ void __launch_bounds__(256) stitch_cat_kernel(const float* __restrict__ src,
@@ -399,22 +402,7 @@ static void stitch_cat_launch(const float* src, float* dst, int64_t rows, int64_
 CAT_CUDA_HOST = r"""
 // torch.cat of float32 tensors along one dim: one copy kernel per part into its slice of the output.
 static at::Tensor stitch_cat(const std::vector<at::Tensor>& parts, int64_t dim) {
-  TORCH_CHECK(!parts.empty(), "cat of no tensors");
-  const int64_t rank = parts[0].dim();
-  if (dim < 0) dim += rank;
-  std::vector<int64_t> sizes = parts[0].sizes().vec();
-  sizes[dim] = 0;
-  for (const at::Tensor& p : parts) {
-    TORCH_CHECK(p.dim() == rank, "cat: parts of different ranks");
-    for (int64_t d = 0; d < rank; ++d)
-      TORCH_CHECK(d == dim || p.size(d) == parts[0].size(d), "cat: sizes differ off the cat dim");
-    sizes[dim] += p.size(dim);
-  }
-  at::Tensor out = at::empty(sizes, parts[0].options());
-  int64_t rows = 1, inner = 1;
-  for (int64_t d = 0; d < dim; ++d) rows *= sizes[d];
-  for (int64_t d = dim + 1; d < rank; ++d) inner *= sizes[d];
-  int64_t offset = 0;
+__CAT_PRELUDE__  int64_t offset = 0;
   for (const at::Tensor& part : parts) {
     const at::Tensor p = part.contiguous();
     const int64_t span = p.size(dim) * inner;
@@ -423,7 +411,7 @@ static at::Tensor stitch_cat(const std::vector<at::Tensor>& parts, int64_t dim) 
   }
   return out;
 }
-"""
+""".replace("__CAT_PRELUDE__", _CAT_PRELUDE)
 
 
 def helper_source(helpers: set[str], backend: str) -> str:

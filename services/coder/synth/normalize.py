@@ -777,6 +777,16 @@ class Normalizer:
         # -1, never the traced size: the program must run at any channel count.
         return self.view_op("reshape", p, {"shape": [-1] + [1] * (rank - 2)}, shape, origin)
 
+    def channel_affine(self, y: Ref, weight: Ref | None, bias: Ref | None, rank: int, origin: str) -> Ref:
+        """y * weight + bias with per-channel [C] parameters (either may be absent)."""
+        w = self.channel_view(weight, rank, origin)
+        b = self.channel_view(bias, rank, origin)
+        if w is not None:
+            y = self.emit_ew("mul", [y, w], [], origin)
+        if b is not None:
+            y = self.emit_ew("add", [y, b], [], origin)
+        return y
+
     def batch_norm_eval(
         self, x: Ref, mean: Ref, var: Ref, weight: Ref | None, bias: Ref | None, eps: Arg, origin: str
     ) -> Ref:
@@ -786,12 +796,7 @@ class Normalizer:
         assert mean_v is not None and var_v is not None
         rstd = self.emit_ew("rsqrt", [self.emit_ew("add", [var_v, eps], [], origin)], [], origin)
         y = self.emit_ew("mul", [self.emit_ew("sub", [x, mean_v], [], origin), rstd], [], origin)
-        w = self.channel_view(weight, rank, origin)
-        b = self.channel_view(bias, rank, origin)
-        if w is not None:
-            y = self.emit_ew("mul", [y, w], [], origin)
-        if b is not None:
-            y = self.emit_ew("add", [y, b], [], origin)
+        y = self.channel_affine(y, weight, bias, rank, origin)
         return y
 
     def batch_mean(self, x: Ref, origin: str) -> Ref:
@@ -836,12 +841,7 @@ class Normalizer:
         var = self.batch_mean(self.emit_ew("mul", [d, d], [], origin), origin)
         rstd = self.emit_ew("rsqrt", [self.emit_ew("add", [var, eps], [], origin)], [], origin)
         y = self.emit_ew("mul", [d, rstd], [], origin)
-        w = self.channel_view(weight, rank, origin)
-        b = self.channel_view(bias, rank, origin)
-        if w is not None:
-            y = self.emit_ew("mul", [y, w], [], origin)
-        if b is not None:
-            y = self.emit_ew("add", [y, b], [], origin)
+        y = self.channel_affine(y, weight, bias, rank, origin)
         if running_mean is None or running_var is None:
             return y
         if momentum is None or (isinstance(momentum, Const) and momentum.value is None):
@@ -872,12 +872,7 @@ class Normalizer:
         var = self.reduce("mean", self.emit_ew("mul", [d, d], [], origin), dims, True, origin)
         rstd = self.emit_ew("rsqrt", [self.emit_ew("add", [var, eps], [], origin)], [], origin)
         y = self.emit_ew("mul", [d, rstd], [], origin)
-        w = self.channel_view(weight, rank, origin)
-        b = self.channel_view(bias, rank, origin)
-        if w is not None:
-            y = self.emit_ew("mul", [y, w], [], origin)
-        if b is not None:
-            y = self.emit_ew("add", [y, b], [], origin)
+        y = self.channel_affine(y, weight, bias, rank, origin)
         return y
 
     def group_norm(
