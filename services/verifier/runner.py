@@ -161,7 +161,7 @@ class CandidateRunner:
         root: Path,
         mounts: dict[str, Mount],
         quick: bool,
-    ) -> tuple[str, str, dict[str, Any], bytes]:
+    ) -> tuple[str, str, dict[str, Any], wire.Payload]:
         """Fills the run's folders with the candidate and its build; the job header and payload."""
         plan = ref.plan
         cand, ext = root / "cand", root / "ext"
@@ -351,7 +351,7 @@ def summarizer(ref: ReferenceResult) -> Any:
     if not any(shapes.values()):
         return None
 
-    def reduce(head: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
+    def reduce(head: dict[str, Any], blob: wire.Payload) -> tuple[dict[str, Any], wire.Payload]:
         wanted = shapes.get(str(head.get("set"))) if head.get("kind") == "output" else None
         if not wanted or not blob:
             return head, blob

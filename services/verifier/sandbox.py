@@ -75,7 +75,7 @@ class Mount:
 class RunSpec:
     script: str
     header: dict[str, Any]
-    payload: bytes
+    payload: wire.Payload
     mounts: dict[str, Mount]
     device: str
     timeout_s: float
@@ -92,7 +92,7 @@ class RunSpec:
 
 @dataclass
 class Outcome:
-    frames: list[tuple[dict[str, Any], bytes]]
+    frames: list[tuple[dict[str, Any], wire.Payload]]
     returncode: int | None
     timed_out: bool
     memory_exceeded: bool
@@ -101,10 +101,10 @@ class Outcome:
     seconds: float
     sandbox: str
 
-    def all(self, kind: str) -> list[tuple[dict[str, Any], bytes]]:
+    def all(self, kind: str) -> list[tuple[dict[str, Any], wire.Payload]]:
         return [(h, p) for h, p in self.frames if h.get("kind") == kind]
 
-    def first(self, kind: str) -> tuple[dict[str, Any], bytes] | None:
+    def first(self, kind: str) -> tuple[dict[str, Any], wire.Payload] | None:
         found = self.all(kind)
         return found[0] if found else None
 
@@ -152,12 +152,12 @@ class Launch:
     job_fd: int
     log_path: Path
     uid: int
-    frames: list[tuple[dict[str, Any], bytes]] = field(default_factory=list)
+    frames: list[tuple[dict[str, Any], wire.Payload]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     reader: threading.Thread | None = None
     # Applied by the reader to each frame as it arrives (a large output reduced to its summary), so
     # the parent never holds every frame whole.
-    transform: Callable[[dict[str, Any], bytes], tuple[dict[str, Any], bytes]] | None = None
+    transform: Callable[[dict[str, Any], wire.Payload], tuple[dict[str, Any], wire.Payload]] | None = None
 
     def ready(self, timeout: float) -> bool:
         """Waits until the process says it is prepared (a `ready` frame); False if it died or is late."""
@@ -396,9 +396,10 @@ class Sandbox:
         self,
         launch: Launch,
         header: dict[str, Any],
-        payload: bytes,
+        payload: wire.Payload,
         timeout_s: float | None = None,
-        transform: Callable[[dict[str, Any], bytes], tuple[dict[str, Any], bytes]] | None = None,
+        transform: Callable[[dict[str, Any], wire.Payload], tuple[dict[str, Any], wire.Payload]]
+        | None = None,
     ) -> Outcome:
         """Sends the job; the wall-clock limit counts from here, not from the launch."""
         spec = launch.spec
@@ -541,7 +542,7 @@ def _read(fd: int, launch: Launch, max_payload: int) -> None:
             errors.append(f"read failed: {exc}")
 
 
-def _write(fd: int, header: dict[str, Any], payload: bytes) -> None:
+def _write(fd: int, header: dict[str, Any], payload: wire.Payload) -> None:
     try:
         with os.fdopen(fd, "wb", buffering=1 << 20) as dst:
             wire.write_frame(dst, header, payload)

@@ -196,7 +196,10 @@ class VerifierService:
             return
 
         report("reference", 0.25)
+        t_ref = time.monotonic()
         ref = self._reference(reference_source, device, pol, limits.problem_size(plan))
+        # The reference's run (or the wait for another process's run); ~0 when its results are reused.
+        verdict.stage_seconds["reference"] = time.monotonic() - t_ref
         self._environment(verdict, ref)
 
         report("candidate", 0.5)
@@ -214,8 +217,10 @@ class VerifierService:
         if run.fault.get("stage") == "device":
             raise Unavailable(f"the candidate process cannot use {device}: {run.fault.get('error')}")
         stage_durations(done[0].get("phases") if done else None, run.outcome.seconds, verdict)
+        verdict.stage_seconds["run"] = time.monotonic() - t0
 
         report("compare", 0.9)
+        t_eval = time.monotonic()
         try:
             self._evaluate(run, ref, candidate, ext_dir, pol, plan, verdict, findings)
         except Exception as exc:  # malformed data from a hostile run must not crash the worker
@@ -225,6 +230,7 @@ class VerifierService:
                 "REJECT",
                 f"could not evaluate the run: {type(exc).__name__}: {exc}",
             )
+        verdict.stage_seconds["evaluate"] = time.monotonic() - t_eval
 
     def _evaluate(
         self,
@@ -367,7 +373,12 @@ class VerifierService:
         ref = self.references.run(source, device, plan, compile_baseline=pol.compile_baseline, size=size)
         ref.uses = 1
         log.info(
-            "reference %s on %s: eager %.4f ms (%.1f s)", str(key[0])[:12], device, ref.eager_ms, ref.seconds
+            "reference %s on %s: eager %.4f ms (%.1f s; phases %s)",
+            str(key[0])[:12],
+            device,
+            ref.eager_ms,
+            ref.seconds,
+            ref.timing.get("phases", "-"),
         )
         return ref
 

@@ -174,6 +174,15 @@ def scaled_globals(module: Any) -> dict[str, int]:
 def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
     import torch
 
+    # Seconds spent per step (summed over the input sets), sent with the timing: where a run's time goes.
+    phases: dict[str, float] = {}
+    clock_at = [common.now()]
+
+    def lap(name: str) -> None:
+        now = common.now()
+        phases[name] = round(phases.get(name, 0.0) + now - clock_at[0], 4)
+        clock_at[0] = now
+
     try:
         module = load_module(ref_path)
     except BaseException as exc:
@@ -198,6 +207,7 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
         ) from exc
     param_bytes = sum(v.numel() * v.element_size() for v in state.values())
     send({"kind": "problem", "param_bytes": param_bytes}, blob)
+    lap("init")
 
     lean = header.get("lean") or {}
     regen_bytes = int(lean.get("input_bytes") or 0)
@@ -218,6 +228,7 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
         regen = bool(regen_bytes) and nbytes(items) >= regen_bytes
         if name in keep or not regen:
             made[name] = items
+        lap("inputs")
         try:
             ref32 = forward(model, items, device, host=not lean)
         except BaseException as exc:
@@ -240,6 +251,7 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
                         f"the reference gives different outputs for the same inputs (rel {worst:.2e})"
                     ),
                 )
+        lap("forward")
         ref64, note = None, ""
         if model64 is not None:
             try:
@@ -252,8 +264,10 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
                 rel_l2(a, b) if isinstance(a, torch.Tensor) and a.is_floating_point() else 0.0
                 for a, b in zip(ref32, ref64, strict=True)
             ]
+        lap("float64")
         if lean:
             ref32, ref64 = ground_truth(ref32, ref64, lean)
+            lap("summaries")
         head = {
             "kind": "set",
             "name": name,
@@ -269,10 +283,12 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
         del items
         send(head, wire.dumps({"inputs": sent, "ref32": ref32, "ref64": ref64}))
         del ref32, ref64
+        lap("send")
 
     offshape = header.get("offshape")
     if offshape:
         reference_offshape(module, model, init_inputs, offshape, header, device, send)
+        lap("offshape")
 
     pool = [common.to_device(made[n], device) for n in header["pool"] if n in made]
     send(
@@ -280,7 +296,9 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
     )
     clock = common.Clock(device)
     timing: dict[str, Any] = {"kind": "timing"}
+    lap("cost")
     timing["eager"] = time_model(model, pool, header, clock)
+    lap("eager")
     if header.get("compile"):
         try:
             compiled = torch.compile(model)
@@ -292,6 +310,8 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
             timing["compile"] = time_model(compiled, pool, header, clock)
         except Exception as exc:
             timing["compile_error"] = common.error_line(exc, 300)
+        lap("compile")
+    timing["phases"] = phases
     send(timing)
     if header.get("measure_ceilings"):
         send({"kind": "ceilings", **measure_ceilings(device, header["measure_ceilings"], clock)})

@@ -73,8 +73,9 @@ def summarize(t: Any, idx: Any, blocks: int, edge: int) -> dict[str, Any]:
         "dtype": str(t.dtype),
         "numel": n,
         "samples": flat[idx.to(flat.device)].double().cpu(),
-        "head": flat[:edge].double().cpu(),
-        "tail": flat[n - edge :].double().cpu(),
+        # Copies, not views: a view of a float64 CPU tensor would carry (and keep) its whole storage.
+        "head": flat[:edge].double().cpu().clone(),
+        "tail": flat[n - edge :].double().cpu().clone(),
         "block_norms": norms,
         "norm": norm,
         "peak": peak,

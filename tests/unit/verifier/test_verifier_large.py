@@ -46,6 +46,19 @@ def test_honest_float32_results_pass_and_the_tolerance_comes_from_the_exact_erro
     assert check(noisy, summary, tol).ok
 
 
+def test_a_summary_keeps_no_storage_beyond_its_own_values() -> None:
+    """A summary is sent, stored and kept per input set: a view into the float64 target would carry the
+    whole target with it (the head and tail of a 128 MB output once made each set's frame 480 MB)."""
+    ref32, summary, _ = reference()
+    reduced_copy = reduced(ref32.double(), summary)
+    for s in (summary, reduced_copy):
+        for key in ("samples", "head", "tail", "block_norms", "idx", "samples32"):
+            if key not in s:
+                continue
+            t = s[key]
+            assert t.untyped_storage().nbytes() == t.numel() * t.element_size(), key
+
+
 def test_a_zeroed_region_no_sample_hits_is_caught_by_the_block_norms() -> None:
     ref32, summary, tol = reference()
     idx = summary["idx"]
