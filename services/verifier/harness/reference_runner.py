@@ -277,7 +277,7 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
             "made_on": made_on,
         }
         # A large input set is not sent: the candidate's runner makes it again from the same seed.
-        sent = None if regen else items
+        sent = None if regen else common.to_cpu(items)
         if regen:
             head["regen"] = True
         del items
