@@ -15,12 +15,15 @@ from stitchcuda.coder.synth.exprs import float_literal, pow_const
 from stitchcuda.coder.synth.fusion import Kernel, Operand, Program
 from stitchcuda.coder.synth.ir import (
     EW,
+    FLIP,
     HOST,
     INPUT,
     ITEM,
     LIB,
     PARAM,
     REDUCE,
+    SCAN,
+    TRI,
     VIEW,
     Attr,
     Const,
@@ -352,7 +355,8 @@ class Host:
         tensors = [i for i, _ in self.g.inputs if self.g.values[i].kind == "tensor"] + list(self.g.params)
         for ident in tensors:
             name = tensor_var(ident)
-            out.append(f'TORCH_CHECK({name}.scalar_type() == at::kFloat, "{ident} must be float32");')
+            dtype = self.g.values[ident].dtype
+            out.append(f'TORCH_CHECK({name}.scalar_type() == {AT_DTYPE[dtype]}, "{ident} must be {dtype}");')
             if self.backend == "cuda":
                 out.append(f'TORCH_CHECK({name}.is_cuda(), "{ident} must be a CUDA tensor");')
             else:
@@ -390,6 +394,8 @@ class Host:
                 self.helpers.add("causal")
                 lines.append(f"stitch_causal_fill({tensor_var(op.out)});")
             return lines
+        if op.kind in (SCAN, FLIP, TRI):
+            return [f"at::Tensor {tensor_var(op.out)} = {self.ordered_expr(op)};"]
         if op.kind == HOST:
             return self.host_scalar(op)
         if op.kind == ITEM:
@@ -584,6 +590,18 @@ class Host:
             else:
                 raise Unsupported(f"{op.origin}: index item {it!r}")
         return expr
+
+    def ordered_expr(self, op: Op) -> str:
+        """A scan, flip or triangle: a call of the synthesizer's own helper kernel (scans.py)."""
+        src = tensor_var(op.args[0].id)
+        at = op.attrs
+        self.helpers.add(op.kind)
+        if op.kind == SCAN:
+            flags = [op.fn == "prod", at["reverse"], at["exclusive"]]
+            return f"stitch_scan({src}, {at['dim']}, {', '.join(str(f).lower() for f in flags)})"
+        if op.kind == FLIP:
+            return f"stitch_flip({src}, {self.int_list([Const(d) for d in at['dims']])})"
+        return f"stitch_tri({src}, {str(op.fn == 'triu').lower()}, {at['diagonal']})"
 
     def opt_tensor(self, a: Any) -> str:
         return f"c10::optional<at::Tensor>({tensor_var(a.id)})" if isinstance(a, Ref) else "c10::nullopt"

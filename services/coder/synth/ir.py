@@ -63,8 +63,12 @@ LIB = "lib"  # library call from C++ (at::mm, at::conv2d, ...)
 POOL = "pool"  # pooling window op
 HOST = "host"  # host scalar arithmetic and shape queries
 ITEM = "item"  # element of a multi-result value (max(dim) -> values, indices)
+SCAN = "scan"  # inclusive/exclusive prefix sum or product along one dim, optionally from the end
+FLIP = "flip"  # reversal of dims (a gather: torch has no negative strides)
+TRI = "tri"  # triu/tril: elements off the kept triangle of the last two dims set to zero
 
 REDUCE_FNS = frozenset({"sum", "mean", "amax", "amin", "prod", "argmax", "argmin"})
+SCAN_FNS = frozenset({"sum", "prod"})
 
 
 @dataclass

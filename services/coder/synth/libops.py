@@ -8,6 +8,8 @@ accumulate in float on CUDA (double on CPU) and add the bias in their store.
 
 from __future__ import annotations
 
+from stitchcuda.coder.synth import scans
+
 # ---- library calls (ATen dispatches to the vendor library) ----------------------------------------------
 LIBRARY_HELPERS = {
     "linear": r"""
@@ -428,7 +430,8 @@ def device_source(helpers: set[str], backend: str) -> str:
         parts.append(CAUSAL_CUDA)
     if "cat" in helpers and backend == "cuda":
         parts.append(CAT_CUDA)
-    return "\n".join(parts)
+    parts.append(scans.device_source(helpers, backend))
+    return "\n".join(p for p in parts if p)
 
 
 def host_source(helpers: set[str], backend: str) -> str:
@@ -442,4 +445,5 @@ def host_source(helpers: set[str], backend: str) -> str:
         parts.append(CAUSAL_CUDA_HOST if backend == "cuda" else CAUSAL_CPU)
     if "cat" in helpers:
         parts.append(CAT_CUDA_HOST if backend == "cuda" else CAT_CPU)
-    return "\n".join(parts)
+    parts.append(scans.host_source(helpers, backend))
+    return "\n".join(p for p in parts if p)

@@ -13,6 +13,7 @@ from stitchcuda.coder.synth.ir import (
     EW as K_EW,
 )
 from stitchcuda.coder.synth.ir import (
+    FLIP,
     HOST,
     INPUT,
     ITEM,
@@ -20,6 +21,8 @@ from stitchcuda.coder.synth.ir import (
     PARAM,
     POOL,
     REDUCE,
+    SCAN,
+    TRI,
     VIEW,
     Arg,
     Attr,
@@ -37,6 +40,8 @@ from stitchcuda.coder.synth.ir import (
 from stitchcuda.coder.synth.trace import Trace, TracedNode
 
 FLOAT_DTYPES = ("float32",)
+# Inputs the program accepts: float tensors, and boolean masks (read by elementwise ops as 0/1).
+INPUT_DTYPES = (*FLOAT_DTYPES, "bool")
 
 # Every adaptive pooling module: global ones become reductions, the others window kernels.
 ADAPTIVE_POOL_MODULES = tuple(f"Adaptive{kind}Pool{nd}d" for kind in ("Avg", "Max") for nd in (1, 2, 3))
@@ -259,12 +264,13 @@ class Normalizer:
                 if str(exc).startswith(node.name):
                     raise
                 raise Unsupported(f"{node.name} ({node.target}): {exc}") from exc
+        fold_scans(self.g)
         return self.g
 
     def lower(self, node: TracedNode) -> None:
         if node.op == "placeholder":
             v = self.meta_value(node.name, node.meta)
-            if v.kind == "tensor" and v.dtype not in FLOAT_DTYPES:
+            if v.kind == "tensor" and v.dtype not in INPUT_DTYPES:
                 raise Unsupported(f"{node.name}: input of dtype {v.dtype}")
             self.g.add_value(v)
             self.g.add_op(Op(INPUT, "input", node.name, origin=node.name))
@@ -424,6 +430,25 @@ class Normalizer:
         if meta.dtype not in FLOAT_DTYPES:
             raise Unsupported(f"{node.name}: torch.tensor of dtype {meta.dtype}")
         return self.emit_ew("identity", [Const(float(value))], [], node.name, node.name)
+
+    def fn_zeros_like(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self.filled_like(node, args[0], 0.0, kwargs)
+
+    def fn_ones_like(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self.filled_like(node, args[0], 1.0, kwargs)
+
+    def filled_like(self, node: TracedNode, x: Ref, value: float, kwargs: dict[str, Any]) -> Ref:
+        """zeros_like/ones_like: a one-element constant expanded (a view) to the shape of x at run time."""
+        dtype = kwargs.get("dtype")
+        foreign = isinstance(dtype, tuple) and dtype[1] not in FLOAT_DTYPES
+        if foreign or self.g.values[x.id].dtype != "float32":
+            raise Unsupported(f"{node.name}: a constant tensor that is not float32")
+        one = self.emit_ew("identity", [Const(value)], [], node.name)
+        shape = self.shape_of(x)
+        ident = self.own_id(node)
+        self.g.add_value(Value(ident, "tensor", shape, (0,) * len(shape), "float32", len(shape) == 0))
+        self.g.add_op(Op(VIEW, "expand_as", ident, [one], {"args": [x], "kwargs": {}}, origin=node.name))
+        return Ref(ident)
 
     def fn_getitem(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref | None:
         src = self.g.values[args[0].id]
@@ -742,6 +767,54 @@ class Normalizer:
         if log:
             return self.emit_ew("sub", [shifted, self.emit_ew("log", [s], [], origin)], [], origin)
         return self.emit_ew("div", [e, s], [], origin)
+
+    # Scans, flips and triangles: host-side steps calling the synthesizer's own kernels (scans.py).
+    def ordered(self, kind: str, fn: str, x: Any, attrs: dict[str, Any], node: TracedNode) -> Ref:
+        v = self.value(x)
+        if v is None or v.kind != "tensor" or v.dtype not in FLOAT_DTYPES:
+            raise Unsupported(f"{node.name}: {fn} of a {v.dtype if v else 'non'}-tensor")
+        ident = self.own_id(node)
+        self.g.add_value(Value(ident, "tensor", v.shape, contiguous_strides(v.shape)))
+        self.g.add_op(Op(kind, fn, ident, [x], attrs, origin=node.name))
+        return Ref(ident)
+
+    def fn_cumsum(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._scan(node, "sum", args, kwargs)
+
+    def fn_cumprod(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._scan(node, "prod", args, kwargs)
+
+    def _scan(self, node: TracedNode, fn: str, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+        dtype = kwargs.get("dtype", args[2] if len(args) > 2 else None)
+        if dim is None:
+            raise Unsupported(f"{node.name}: scan without a dim")
+        if isinstance(dtype, tuple) and dtype[1] not in FLOAT_DTYPES:
+            raise Unsupported(f"{node.name}: scan to dtype {dtype[1]}")
+        (d,) = norm_dims(int(self.literal(dim)), max(len(self.shape_of(args[0])), 1))
+        attrs = {"dim": d, "reverse": False, "exclusive": False}
+        return self.ordered(SCAN, fn, args[0], attrs, node)
+
+    def fn_flip(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        dims = kwargs.get("dims", args[1] if len(args) == 2 else args[1:])
+        literal = self.literal(dims)
+        listed = literal if isinstance(literal, list) else [literal]
+        shape = self.shape_of(args[0])
+        # Dims of size 1 read the same either way (and no dims at all is a copy).
+        flipped = [d for d in norm_dims(listed, len(shape)) if shape[d] > 1] if listed else []
+        return self.ordered(FLIP, "flip", args[0], {"dims": flipped}, node)
+
+    def fn_triu(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._triangle(node, "triu", args, kwargs)
+
+    def fn_tril(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self._triangle(node, "tril", args, kwargs)
+
+    def _triangle(self, node: TracedNode, fn: str, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        diagonal = int(self.literal(kwargs.get("diagonal", args[1] if len(args) > 1 else Const(0))))
+        if len(self.shape_of(args[0])) < 2:
+            raise Unsupported(f"{node.name}: {fn} of a tensor with fewer than 2 dims")
+        return self.ordered(TRI, fn, args[0], {"diagonal": diagonal}, node)
 
     # Norms.
     def layer_norm(
@@ -1493,6 +1566,48 @@ def _install_view_handlers() -> None:
 
 
 _install_view_handlers()
+
+
+def fold_scans(g: Graph) -> None:
+    """Rewrites scan patterns into one scan kernel, in place.
+
+    flip(scan(flip(x, d), d), d) is a scan from the end (reverse), and scan_sum(x) - x an exclusive sum;
+    the inner values must have no other reader (they are then dropped with their ops).
+    """
+    users = g.consumers()
+
+    def private(ident: str) -> bool:
+        return len(users.get(ident, [])) == 1 and ident not in g.outputs and ident not in g.writebacks
+
+    dropped: set[str] = set()
+    for op in g.ops:
+        src = g.producer.get(op.args[0].id) if op.args and isinstance(op.args[0], Ref) else None
+        if op.out in dropped or src is None or src.kind != SCAN or not private(src.out):
+            continue
+        first = g.producer.get(src.args[0].id)
+        if op.kind == FLIP and first is not None and _mirrors(op, src, first) and private(first.out):
+            op.kind, op.fn, op.args = SCAN, src.fn, [first.args[0]]
+            op.attrs = {**src.attrs, "reverse": not src.attrs["reverse"]}
+            dropped |= {src.out, first.out}
+        elif (
+            op.kind == K_EW and op.fn == "sub" and op.args == [Ref(src.out), src.args[0]] and _plain_sum(src)
+        ):
+            op.kind, op.fn, op.args = SCAN, "sum", [src.args[0]]
+            op.attrs = {**src.attrs, "exclusive": True}
+            dropped.add(src.out)
+    g.ops = [op for op in g.ops if op.out not in dropped]
+    for ident in dropped:
+        del g.values[ident], g.producer[ident]
+
+
+def _mirrors(outer: Op, scan: Op, inner: Op) -> bool:
+    """outer and inner flip exactly the scan's dim."""
+    dims = [scan.attrs["dim"]]
+    return inner.kind == FLIP and inner.attrs["dims"] == dims and outer.attrs["dims"] == dims
+
+
+def _plain_sum(scan: Op) -> bool:
+    return scan.fn == "sum" and not scan.attrs["exclusive"]
 
 
 def normalize(trace: Trace) -> Graph:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from stitchcuda.api.v1 import code_pb2, jobs_pb2, plan_pb2
 from stitchcuda.coder.synth import cpu
 from stitchcuda.coder.synth.fusion import Program, schedule
-from stitchcuda.coder.synth.ir import Graph, Unsupported
+from stitchcuda.coder.synth.ir import FLIP, SCAN, TRI, Graph, Unsupported
 from stitchcuda.coder.synth.modelnew import build_source
 from stitchcuda.coder.synth.normalize import normalize
 from stitchcuda.coder.synth.runtime import HEADER, HEADER_NAME
@@ -139,6 +139,9 @@ class Synthesizer:
             sources = {"forward.cpp": source}
             cuda_cflags = []
         summary = [f"{k.name}: {k.kind} over {', '.join(k.origins)}" for k in program.kernels]
+        # Scans, flips and triangles are host steps that launch the synthesizer's own kernels (scans.py).
+        ordered = [s.op for s in program.steps if s.op is not None and s.op.kind in (SCAN, FLIP, TRI)]
+        summary += [f"{op.out}: {op.kind} over {op.origin}" for op in ordered]
         library = [s.op.fn for s in program.steps if s.op is not None and s.op.kind == "lib"]
         try:
             libraries = library_families(library, variant, policy)
@@ -149,7 +152,7 @@ class Synthesizer:
             return self.synthesize(
                 reference_source, plan, variant=variant.with_(gemm="custom"), device=device, policy=policy
             )
-        features = {k.kind for k in program.kernels}
+        features = {k.kind for k in program.kernels} | {op.kind for op in ordered}
         for fn in library:
             features.add("conv" if fn.startswith("conv") else "gemm" if fn != "sdpa" else "attention")
             features.add("library")
