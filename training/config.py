@@ -100,11 +100,13 @@ class TrainerSection(_Section):
 class RewardSection(_Section):
     # Where candidates run: the GPU Verifier on GPU machines, the CPU backend for smoke runs.
     device: Literal["cpu", "cuda"] = "cuda"
-    # in_process: a VerifierService in the trainer process (one machine). The cluster adapter (the
-    # verifier.gpu Celery queue) is not built yet, so "queue" is refused here rather than at step one.
-    verifier: Literal["in_process"] = "in_process"
+    # in_process: a VerifierService in the trainer process (one machine). queue: the cluster's Verifier
+    # workers through the platform's queues (verifier.cpu; verifier.build then verifier.gpu for CUDA), each
+    # verification a job of tenant reward_queue_tenant (stitchcuda.training.verifier.QueueVerifier).
+    verifier: Literal["in_process", "queue"] = "in_process"
     # RewardSettings fields (stitchcuda.training.settings) over the STITCH_* environment, e.g.
-    # reward_max_concurrent, judge_base_url, reward_cache_url.
+    # reward_max_concurrent, judge_base_url, reward_cache_url; with verifier: queue also the platform's
+    # (redis_url, artifact_store, s3_*, broker_url) and reward_queue_tenant, reward_queue_timeout_s.
     settings: dict[str, Any] = {}
 
 

@@ -78,10 +78,11 @@ def reward_service(config: GRPOConfig) -> RewardService:
 
     settings = RewardSettings(**config.reward.settings)
     from stitchcuda.training.judge import RubricJudge
-    from stitchcuda.training.verifier import InProcessVerifier
+    from stitchcuda.training.verifier import build_verifier
 
+    verifier = build_verifier(config.reward.verifier, settings, config.reward.settings)
     # No judge endpoint configured: the judge-free rubric from the Verifier's signals.
-    return RewardService(settings, verifier=InProcessVerifier(), judge=RubricJudge.from_settings(settings))
+    return RewardService(settings, verifier=verifier, judge=RubricJudge.from_settings(settings))
 
 
 @dataclass

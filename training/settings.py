@@ -63,6 +63,13 @@ class RewardSettings(CommonSettings):
     reward_cache_ttl_s: int = Field(default=7 * 24 * 3600, ge=1)
     reward_cache_prefix: str = "stitch:reward:"
 
+    # ---- the queue verifier (reward.verifier = queue: the cluster's Verifier workers) ----
+    # The tenant its verification jobs run under (GPU-seconds are metered to it; a gateway tenant id).
+    reward_queue_tenant: str = Field(default="training", pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    # How long one verification may take, queue wait included, before its rollout gets no reward (an
+    # error, not the candidate's rejection); the Verifier's own limits are 1500 s to build, 1800 s to run.
+    reward_queue_timeout_s: float = Field(default=1800.0, gt=0.0)
+
     @model_validator(mode="after")
     def _check(self) -> RewardSettings:
         weights = (

@@ -7,8 +7,9 @@ use the batch form so verifications run concurrently and each rollout is scored 
 
 The rows' `reward_model.ground_truth` is the reference program (the `reference` column of
 stitchcuda.training.datasets) and `extra_info` carries `skill`, `target` and `feedback`. The reward service
-is built from the STITCH_* environment (RewardSettings, STITCH_REWARD_DEVICE for where candidates run) on
-first use, or set with `configure`. verl itself need not be installed here: these are plain functions.
+is built from the STITCH_* environment (RewardSettings, STITCH_REWARD_DEVICE for where candidates run,
+STITCH_REWARD_VERIFIER=queue for the cluster's Verifier workers) on first use, or set with `configure`.
+verl itself need not be installed here: these are plain functions.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ def _get() -> RolloutScorer:
 
             settings = RewardSettings()
             from stitchcuda.training.judge import RubricJudge
+            from stitchcuda.training.verifier import build_verifier
 
-            service = RewardService(settings, judge=RubricJudge.from_settings(settings))
+            verifier = build_verifier(os.environ.get("STITCH_REWARD_VERIFIER", "in_process"), settings)
+            service = RewardService(settings, verifier=verifier, judge=RubricJudge.from_settings(settings))
             _scorer = RolloutScorer(service, device=os.environ.get("STITCH_REWARD_DEVICE", "cuda"))
         return _scorer
 
