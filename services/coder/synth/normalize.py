@@ -37,6 +37,7 @@ from stitchcuda.coder.synth.ir import (
     norm_dims,
     reduced_shape,
 )
+from stitchcuda.coder.synth.scan_folds import fold_scans
 from stitchcuda.coder.synth.trace import Trace, TracedNode
 
 FLOAT_DTYPES = ("float32",)
@@ -1566,48 +1567,6 @@ def _install_view_handlers() -> None:
 
 
 _install_view_handlers()
-
-
-def fold_scans(g: Graph) -> None:
-    """Rewrites scan patterns into one scan kernel, in place.
-
-    flip(scan(flip(x, d), d), d) is a scan from the end (reverse), and scan_sum(x) - x an exclusive sum;
-    the inner values must have no other reader (they are then dropped with their ops).
-    """
-    users = g.consumers()
-
-    def private(ident: str) -> bool:
-        return len(users.get(ident, [])) == 1 and ident not in g.outputs and ident not in g.writebacks
-
-    dropped: set[str] = set()
-    for op in g.ops:
-        src = g.producer.get(op.args[0].id) if op.args and isinstance(op.args[0], Ref) else None
-        if op.out in dropped or src is None or src.kind != SCAN or not private(src.out):
-            continue
-        first = g.producer.get(src.args[0].id)
-        if op.kind == FLIP and first is not None and _mirrors(op, src, first) and private(first.out):
-            op.kind, op.fn, op.args = SCAN, src.fn, [first.args[0]]
-            op.attrs = {**src.attrs, "reverse": not src.attrs["reverse"]}
-            dropped |= {src.out, first.out}
-        elif (
-            op.kind == K_EW and op.fn == "sub" and op.args == [Ref(src.out), src.args[0]] and _plain_sum(src)
-        ):
-            op.kind, op.fn, op.args = SCAN, "sum", [src.args[0]]
-            op.attrs = {**src.attrs, "exclusive": True}
-            dropped.add(src.out)
-    g.ops = [op for op in g.ops if op.out not in dropped]
-    for ident in dropped:
-        del g.values[ident], g.producer[ident]
-
-
-def _mirrors(outer: Op, scan: Op, inner: Op) -> bool:
-    """outer and inner flip exactly the scan's dim."""
-    dims = [scan.attrs["dim"]]
-    return inner.kind == FLIP and inner.attrs["dims"] == dims and outer.attrs["dims"] == dims
-
-
-def _plain_sum(scan: Op) -> bool:
-    return scan.fn == "sum" and not scan.attrs["exclusive"]
 
 
 def normalize(trace: Trace) -> Graph:

@@ -64,7 +64,7 @@ CALLS = {
     "reverse_exclusive_masked": [
         "stitch_scan(T_x, 1, false, true, false)",
         "stitch_scan(T_x, 1, false, false, true)",
-        "stitch_scan(T_x, 1, false, false, false)",
+        "stitch_scan(T_x, 1, false, false, true)",
         "stitch_scan(T_mul, 1, false, false, false)",
     ],
     "flip_triangles": [
@@ -91,10 +91,27 @@ def host_calls(source: str) -> list[str]:
 def test_each_op_is_one_call_of_its_own_kernel(synth: Synthesizer, name: str, device: str) -> None:
     synthesis = synth.synthesize(PROBLEMS[name], None, variant=Variant(), device=device)
     host = synthesis.files["forward.cpp"]
-    # The reverse form is one scan from the end (no flip left), `cumsum - x` one exclusive scan.
+    # The reverse form is one scan from the end (no flip left), both exclusive forms one exclusive scan.
     assert host_calls(host) == CALLS[name]
     assert not re.search(r"at::(cumsum|cumprod|flip|triu|tril)\b", host)
     assert synthesis.build.libraries == []
+
+
+@pytest.mark.parametrize(
+    "forward",
+    [
+        "torch.cat([torch.zeros_like(x[:, :1]), x.cumsum(1)[:, 1:]], dim=1)",  # drops the first, not the last
+        "torch.cat([torch.ones_like(x[:, :1]), x.cumsum(1)[:, :-1]], dim=1)",  # a fill other than 0
+        "torch.cat([x.cumsum(1)[:, :-1], torch.zeros_like(x[:, :1])], dim=1)",  # the fill at the end
+        "((c := torch.cumsum(x, 1)) - x, c)",  # the inclusive scan is read as well
+        "torch.cumsum(x.flip(0), 1).flip(0)",  # flipped along another dim than the scan's
+    ],
+)
+def test_lookalikes_of_reverse_and_exclusive_scans_are_not_folded(synth: Synthesizer, forward: str) -> None:
+    source = problem(forward, "[torch.rand(4, 9)]")
+    host = synth.synthesize(source, None, variant=Variant(), device="cpu").files["forward.cpp"]
+    assert re.search(r"stitch_scan\(T_\w+, 1, false, false, false\)", host)
+    assert not re.search(r"stitch_scan\(.*(true, false|false, true)\)", host)
 
 
 def test_bool_mask_input_is_checked_as_bool(synth: Synthesizer) -> None:
