@@ -875,6 +875,10 @@ def main() -> None:
                 del outs
 
         mark("correctness")
+        # The correctness slots and outputs are not used again: free them before the timing pool is
+        # made (each is a whole input or output set, GiBs at KernelBench's level-1 sizes).
+        slots.clear()
+        alive.clear()
         # Timed loop (D7): rotating input sets, outputs of secretly chosen iterations checked too.
         stage = "timing"
         pool = [to_device(sets[n], device) for n in header["pool"]]
