@@ -21,7 +21,7 @@ from stitchcuda.shared import candidate as candidate_format
 from stitchcuda.shared import devices
 from stitchcuda.shared import policy as kernel_policy
 from stitchcuda.shared.artifacts import ArtifactStore, LocalArtifactStore, sha256_hex
-from stitchcuda.shared.errors import InvalidRequest, Unavailable
+from stitchcuda.shared.errors import HarnessError, InvalidRequest, Unavailable
 from stitchcuda.verifier import evaluate, feedback, limits, ncu, speedup
 from stitchcuda.verifier.accounting import Accounting
 from stitchcuda.verifier.build import Builder
@@ -216,6 +216,12 @@ class VerifierService:
         )
         if run.fault.get("stage") == "device":
             raise Unavailable(f"the candidate process cannot use {device}: {run.fault.get('error')}")
+        if run.fault.get("stage") == "harness-memory":
+            raise HarnessError(
+                f"the Verifier's runner ran out of {device} memory for this problem's input sets "
+                f"({run.fault.get('error')}): the machine is too small for its schedule",
+                error_code="harness_out_of_memory",
+            )
         stage_durations(done[0].get("phases") if done else None, run.outcome.seconds, verdict)
         verdict.stage_seconds["run"] = time.monotonic() - t0
 

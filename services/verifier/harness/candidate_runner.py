@@ -747,6 +747,19 @@ def main() -> None:
         )
         exit_now(out, 3)
 
+    out_of_memory = getattr(torch, "OutOfMemoryError", MemoryError)
+
+    def harness_memory(make: Any) -> Any:
+        """The runner's own allocations (input sets on the device, a set made again): running out of
+        memory there is this machine's limit for the problem's schedule, reported as the harness's
+        failure (the job ends with that reason), never as the candidate's crash."""
+        try:
+            return make()
+        except (out_of_memory, MemoryError) as exc:
+            send({"kind": "findings", "items": findings.items})
+            send({"kind": "fault", "stage": "harness-memory", "error": error_line(exc), "traceback": []})
+            exit_now(out, 3)
+
     real_main = sys.modules.get("__main__")
     try:
         # The candidate must not reach this runner's globals through __main__.
@@ -860,9 +873,9 @@ def main() -> None:
         for step in header["steps"]:
             op = step[0]
             if op == "new":
-                slots[step[1]] = to_device(sets[step[2]], device)
+                slots[step[1]] = harness_memory(lambda s=step: to_device(sets[s[2]], device))
             elif op == "refill":
-                refill(slots[step[1]], sets[step[2]])
+                harness_memory(lambda s=step: refill(slots[s[1]], sets[s[2]]))
             elif op == "call":
                 slot_name, name, set_name = step[1], step[2], step[3]
                 before = custom_calls[0]
@@ -881,7 +894,7 @@ def main() -> None:
         alive.clear()
         # Timed loop (D7): rotating input sets, outputs of secretly chosen iterations checked too.
         stage = "timing"
-        pool = [to_device(sets[n], device) for n in header["pool"]]
+        pool = harness_memory(lambda: [to_device(sets[n], device) for n in header["pool"]])
         # What the pool must still hold after timing: a set sent whole is its own record; a large set
         # is made again from its seed for the check (a copy kept on the device beside the pool, three
         # sets of a 6 GiB level-1 problem, ran the GPU out of memory).
@@ -892,7 +905,11 @@ def main() -> None:
         rounds_min = max(1, int(header.get("rounds") or 1))
         rounds_max = max(rounds_min, int(header.get("max_rounds") or rounds_min))
         noise = float(header.get("noise") or 0.0)
-        eager_pool = [to_device(sets[n], device) for n in header["pool"]] if baseline is not None else []
+        eager_pool = (
+            harness_memory(lambda: [to_device(sets[n], device) for n in header["pool"]])
+            if baseline is not None
+            else []
+        )
         with no_grad():
             for i in range(int(header["warmup"])):
                 model(*pool[i % len(pool)])
@@ -977,7 +994,7 @@ def main() -> None:
         for i, set_name in enumerate(header["pool"]):
             original = originals[i]
             if original is None:
-                original = sets.fresh(set_name)
+                original = harness_memory(lambda n=set_name: sets.fresh(n))
             for j, (x, orig) in enumerate(zip(pool[i], original, strict=True)):
                 if isinstance(x, tensor_cls) and not same_bits(x.to(orig.device), orig):
                     findings.add(

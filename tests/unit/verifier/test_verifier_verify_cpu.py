@@ -7,6 +7,7 @@ from verifier_support import FIXTURES, REF01, rejects, variant
 
 from stitchcuda.api.v1 import verify_pb2
 from stitchcuda.shared.candidate import read_dir
+from stitchcuda.shared.errors import HarnessError
 from stitchcuda.verifier.service import VerifierService
 
 pytestmark = pytest.mark.slow
@@ -102,3 +103,25 @@ def test_output_cache_keyed_on_pointer_is_rejected(service: VerifierService, tmp
     found = set(rejects(verdict))
     assert "D3.mismatch" in found  # the in-place refill returns the stale output
     assert "D6.skipped-work" in found  # the timed calls never reached the extension
+
+
+def test_the_runner_running_out_of_memory_for_its_own_sets_is_a_harness_error(
+    service: VerifierService, monkeypatch: pytest.MonkeyPatch
+):
+    """An out-of-memory while the runner places its input sets (a 6 GiB level-1 pool on a full GPU) is the
+    machine's limit for the schedule: the job ends with that reason, not a candidate's D1.crash."""
+    real_run = service.candidates.run
+
+    def run_out_of_memory(*args: object, **kwargs: object) -> object:
+        run = real_run(*args, **kwargs)  # type: ignore[arg-type]
+        run.fault = {
+            "stage": "harness-memory",
+            "error": "OutOfMemoryError: CUDA out of memory",
+            "traceback": [],
+        }
+        return run
+
+    monkeypatch.setattr(service.candidates, "run", run_out_of_memory)
+    with pytest.raises(HarnessError, match="ran out of cpu memory") as raised:
+        service.verify(REF01.read_text(), read_dir(FIXTURES / "honest_cpu"), device="cpu")
+    assert raised.value.error_code == "harness_out_of_memory"
