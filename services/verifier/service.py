@@ -127,8 +127,11 @@ class VerifierService:
         self._environment(verdict, None)
         try:
             self._verify(reference_source, candidate, device, pol, plan, verdict, findings, report)
-        finally:
-            self._finish(verdict, findings, started)
+        except BaseException as exc:  # the harness's failure or an interrupt: there is no verdict to log
+            log.info("verification of %s ended without a verdict: %s", candidate.candidate_id or "-", exc)
+            self._finish(verdict, findings, started, quiet=True)
+            raise
+        self._finish(verdict, findings, started)
         report("done", 1.0)
         return verdict
 
@@ -411,7 +414,9 @@ class VerifierService:
         del env.seeds[:]
         env.seeds.extend(ref.plan.seeds)
 
-    def _finish(self, verdict: verify_pb2.Verdict, findings: FindingList, started: float) -> None:
+    def _finish(
+        self, verdict: verify_pb2.Verdict, findings: FindingList, started: float, *, quiet: bool = False
+    ) -> None:
         del verdict.findings[:]
         verdict.findings.extend(findings.items)
         rejects = findings.rejects()
@@ -438,7 +443,8 @@ class VerifierService:
         del verdict.docs[:]
         verdict.docs.extend(feedback.hints(verdict))
         verdict.feedback = feedback.render(verdict)
-        log.info("verdict %s: %s", verdict.candidate_id or "-", verdict.reason)
+        if not quiet:
+            log.info("verdict %s: %s", verdict.candidate_id or "-", verdict.reason)
 
     def close(self) -> None:
         """Stops the standby runner processes (they also exit with this process, or when idle)."""

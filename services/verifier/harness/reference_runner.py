@@ -210,6 +210,8 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
     lap("init")
 
     lean = header.get("lean") or {}
+    out_of_memory = getattr(torch, "OutOfMemoryError", MemoryError)
+    f64_on = [device]  # where the float64 twin runs: the CPU once the GPU had no room for it
     regen_bytes = int(lean.get("input_bytes") or 0)
     # Sets other sets derive from, and the timing pool, are kept; a large problem's others are not.
     keep = {s.get("base") for s in header["sets"]} | set(header["pool"]) | {header["sets"][0]["name"]}
@@ -255,7 +257,18 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
         ref64, note = None, ""
         if model64 is not None:
             try:
-                ref64 = forward64(model64, items, device, host=not lean)
+                ref64 = forward64(model64, items, f64_on[0], host=not lean)
+            except out_of_memory:
+                # The float64 twin of a large problem (twice the float32 bytes) may not fit beside the
+                # float32 run on the GPU: the CPU computes it then (slower, but the problem verifies).
+                if f64_on[0] == "cpu":
+                    raise
+                f64_on[0] = "cpu"
+                ref32 = common.to_cpu(ref32)
+                torch.cuda.empty_cache()
+                model64 = model64.to("cpu")
+                note = "float64 ground truth computed on the CPU: the GPU had no room for it"
+                ref64 = forward64(model64, items, "cpu", host=not lean)
             except Exception as exc:
                 note = f"float64 evaluation failed: {common.error_line(exc, 200)}"
         errors = []
@@ -266,7 +279,14 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
             ]
         lap("float64")
         if lean:
-            ref32, ref64 = ground_truth(ref32, ref64, lean)
+            try:
+                ref32, ref64 = ground_truth(ref32, ref64, lean)
+            except out_of_memory:  # the same summaries from host copies, when the GPU is full
+                torch.cuda.empty_cache()
+                ref32 = common.to_cpu(ref32)
+                ref64 = common.to_cpu(ref64) if ref64 is not None else None
+                torch.cuda.empty_cache()
+                ref32, ref64 = ground_truth(ref32, ref64, lean)
             lap("summaries")
         head = {
             "kind": "set",

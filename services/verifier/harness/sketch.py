@@ -108,7 +108,15 @@ def reference_summary(ref32: Any, ref64: Any, spec: dict[str, Any]) -> dict[str,
     target = ref32
     err_l2 = err_max = 0.0
     if isinstance(ref64, torch.Tensor) and ref64.shape == ref32.shape:
-        target = torch.where(torch.isfinite(ref64), ref64, ref32.double())
+        # In place: where float64 overflowed, float32's value is the target (no full-size float64
+        # temporaries: at level-1 sizes each would be 14 GiB on the GPU).
+        if ref64.device != ref32.device:  # float64 computed on the CPU: summarise there
+            ref32 = ref32.to(ref64.device)
+        target = ref64
+        bad = ~torch.isfinite(target)
+        if bool(bad.any()):
+            target[bad] = ref32[bad].double()
+        del bad
         err_l2, err_max = errors(ref32, target)
     out = summarize(target, idx, int(spec["blocks"]), int(spec["edge"]))
     own = summarize(ref32, idx, 1, 0)
