@@ -32,9 +32,10 @@ pytestmark = [
 def test_a_public_level2_problem_is_verified_end_to_end_with_both_baselines(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "STITCH_HOME": str(tmp_path / "home")}
+    problem = str(KERNELBENCH / "level2" / PROBLEM)
+    options = ["--device", "cuda", "--rounds", "0", "--policy", "library", "--out", str(out)]
     proc = subprocess.run(
-        [sys.executable, "-m", "stitchcuda.cli", "optimize", str(KERNELBENCH / "level2" / PROBLEM)]
-        + ["--device", "cuda", "--rounds", "0", "--policy", "library", "--out", str(out)],
+        [sys.executable, "-m", "stitchcuda.cli", "optimize", problem, *options],
         capture_output=True,
         text=True,
         timeout=600,
