@@ -128,7 +128,7 @@ class ReferenceRunner:
                 if want_ceilings
                 else [],
                 "threads": self.settings.runner_threads or None,
-                "lean": self.lean(device, size),
+                "lean": self.lean(device),
             }
             extra_env = {k: v for k, v in os.environ.items() if k == "STITCHCUDA_SIZE"}
             spec = RunSpec(
@@ -156,7 +156,7 @@ class ReferenceRunner:
                 self._store_compile(sha, device, result.timing)
         return result
 
-    def lean(self, device: str, size: ProblemSize | None) -> dict[str, Any]:
+    def lean(self, device: str) -> dict[str, Any]:
         """How the reference runner treats large sets and outputs (settings.summary_*, regen_input_mb).
         A GPU problem's inputs are made on the GPU: seconds per set faster than the CPU's generators
         (7-8 s of a level-2 reference run on an H100), and the same seed gives the same bits there, so
