@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import re
 import resource
 import secrets
@@ -334,7 +335,10 @@ class Sandbox:
                 if spec.label == "reference"
                 else "1",
                 "TORCHINDUCTOR_CACHE_DIR": f"{work}/tmp/inductor",
+                # Triton's compile and autotune caches live in this run's private work dir: one candidate
+                # can never read (or plant) another's compiled kernels or tuning results.
                 "TRITON_CACHE_DIR": f"{work}/tmp/triton",
+                "TRITON_HOME": f"{work}/tmp",
                 "CUDA_CACHE_PATH": f"{work}/tmp/nv",
                 "SC_SANDBOX_RUN": token,
             }
@@ -342,6 +346,9 @@ class Sandbox:
         nvcc = shutil.which("nvcc")
         if nvcc and "CUDA_HOME" not in env:
             env["CUDA_HOME"] = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+        if spec.device == "cpu" and spec.label == "candidate":
+            # A Triton candidate on a CPU runs its kernels in Triton's interpreter (no GPU to compile for).
+            env["TRITON_INTERPRET"] = "1"
         env.update(spec.extra_env)
         return env
 
@@ -526,20 +533,41 @@ def _with_parent_dirs(args: list[str]) -> list[str]:
 
 
 def _read(fd: int, launch: Launch, max_payload: int) -> None:
-    frames, errors = launch.frames, launch.errors
+    errors = launch.errors
+    # The transform (a large output reduced to its summary, seconds for a GiB output) runs on its own
+    # thread while the next frame is read: the runner is not held on a full pipe meanwhile. One frame
+    # is transformed at a time and the next waits for it, so at most two outputs are held here.
+    handoff: queue.Queue[tuple[dict[str, Any], wire.Payload] | None] = queue.Queue(maxsize=1)
+    transformer = threading.Thread(target=_transform, args=(handoff, launch), daemon=True)
+    transformer.start()
     with os.fdopen(fd, "rb", buffering=1 << 20) as src:
         try:
-            for frame in wire.read_frames(src, max_payload):
-                if launch.transform is not None:
-                    frame = launch.transform(*frame)
-                frames.append(frame)
-                if len(frames) > 10_000:
+            for count, frame in enumerate(wire.read_frames(src, max_payload), 1):
+                if count > 10_000:
                     errors.append("too many frames")
-                    return
+                    break
+                handoff.put(frame)
+                del frame
         except wire.WireError as exc:
             errors.append(str(exc))
         except (OSError, ValueError) as exc:
             errors.append(f"read failed: {exc}")
+        finally:
+            handoff.put(None)
+            transformer.join()
+
+
+def _transform(handoff: queue.Queue[tuple[dict[str, Any], wire.Payload] | None], launch: Launch) -> None:
+    """Appends the reader's frames to the launch in order, each through the launch's transform."""
+    while (frame := handoff.get()) is not None:
+        if launch.transform is not None:
+            try:
+                frame = launch.transform(*frame)
+            except Exception as exc:  # the reader must go on draining the pipe whatever happens here
+                launch.errors.append(f"could not reduce a {frame[0].get('kind')} frame: {exc}")
+                continue
+        launch.frames.append(frame)
+        del frame
 
 
 def _write(fd: int, header: dict[str, Any], payload: wire.Payload) -> None:

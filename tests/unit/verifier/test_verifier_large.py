@@ -145,3 +145,24 @@ def test_a_large_problem_verifies_on_summaries_and_remade_inputs(
         assert "sampled elements" in bad.reason
     finally:
         service.close()
+
+
+def test_the_fast_float32_summary_matches_the_exact_float64_one() -> None:
+    """Summaries of float32 outputs take float32 partial norms (the parent summarises GiBs per
+    verification): block norms within 1e-7 of the float64 ones, peak and samples exact, and any
+    non-finite value (or a square that overflows float32) sends its block down the exact path."""
+    gen = torch.Generator().manual_seed(3)
+    c = torch.randn(64 * 5000 + 77, generator=gen).exp()  # blocks of 5000: whole pieces and a remainder
+    c[1234] = 3e20  # finite, but its float32 square overflows
+    c[200_000] = float("nan")
+    c[300_000] = float("-inf")
+    idx = sketch.positions(c.numel(), 512, 9)
+    fast = sketch.summarize(c, idx, 64, 32)
+    exact = sketch.summarize(c.double(), idx, 64, 32)
+    finite = torch.isfinite(exact["block_norms"])
+    assert bool(finite.all())
+    rel = (fast["block_norms"] - exact["block_norms"]).abs() / exact["block_norms"]
+    assert float(rel.max()) < 1e-7
+    assert fast["peak"] == exact["peak"] == pytest.approx(3e20)
+    assert (fast["nan"], fast["posinf"], fast["neginf"]) == (1, 0, 1)
+    assert torch.equal(fast["samples"].nan_to_num(), exact["samples"].nan_to_num())

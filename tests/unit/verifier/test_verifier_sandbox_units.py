@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import signal
 
-from stitchcuda.verifier.sandbox import Outcome, _mount_points_under_tmp, _with_parent_dirs, clean_env
+from stitchcuda.verifier.harness import wire
+from stitchcuda.verifier.sandbox import (
+    Launch,
+    Outcome,
+    _mount_points_under_tmp,
+    _read,
+    _with_parent_dirs,
+    clean_env,
+)
 
 
 def test_secrets_are_stripped_from_the_environment():
@@ -66,3 +74,52 @@ def test_binds_under_tmp_get_traversable_mount_points_in_the_private_tmp(tmp_pat
     for path in (venv, venv.parent, venv.parent.parent):
         assert path.stat().st_mode & 0o777 == 0o755, path
     assert sorted(p.name for p in private.iterdir()) == ["ci"]  # nothing for binds outside /tmp
+
+
+def _launch_reading(frames: list[tuple[dict, bytes]], transform) -> Launch:
+    """A launch whose reader has consumed `frames` from a real pipe through `transform`."""
+    import os
+    import threading
+
+    read_fd, write_fd = os.pipe()
+    launch = Launch(spec=None, proc=None, token="t", job_fd=-1, log_path=None, uid=0, transform=transform)  # type: ignore[arg-type]
+    reader = threading.Thread(target=_read, args=(read_fd, launch, 1 << 20))
+    reader.start()
+    with os.fdopen(write_fd, "wb") as out:
+        for head, payload in frames:
+            wire.write_frame(out, head, payload)
+    reader.join(timeout=30)
+    assert not reader.is_alive()
+    return launch
+
+
+def test_frames_are_transformed_off_the_reading_thread_and_kept_in_order():
+    """A slow reduction of one output must not hold the pipe: the next frame is read meanwhile."""
+    import threading
+    import time
+
+    reading = threading.get_ident()
+    seen_on: list[int] = []
+
+    def slow(head, payload):
+        seen_on.append(threading.get_ident())
+        time.sleep(0.05 if head["i"] % 2 else 0.0)
+        return {**head, "reduced": True}, payload
+
+    sent = [({"kind": "output", "i": i}, bytes([i]) * 100) for i in range(8)]
+    launch = _launch_reading(sent, slow)
+    assert [h["i"] for h, _ in launch.frames] == list(range(8))
+    assert all(h["reduced"] for h, _ in launch.frames)
+    assert [p for _, p in launch.frames] == [p for _, p in sent]
+    assert reading not in seen_on and launch.errors == []
+
+
+def test_a_failing_reduction_is_an_error_and_the_pipe_is_still_drained():
+    def broken(head, payload):
+        if head["i"] == 1:
+            raise ValueError("bad table")
+        return head, payload
+
+    launch = _launch_reading([({"kind": "output", "i": i}, b"x") for i in range(4)], broken)
+    assert [h["i"] for h, _ in launch.frames] == [0, 2, 3]
+    assert launch.errors == ["could not reduce a output frame: bad table"]
