@@ -24,6 +24,8 @@ from stitchcuda.coder.synth.codegen import (
     tensor_var,
 )
 from stitchcuda.coder.synth.cpu import indent, launch_lines
+from stitchcuda.coder.synth.cuda_columns import column_kernel
+from stitchcuda.coder.synth.cuda_levels import split_levels
 from stitchcuda.coder.synth.fusion import Program
 from stitchcuda.coder.synth.ir import Attr, Ref, Unsupported
 from stitchcuda.coder.synth.runtime import HEADER_NAME, operator_includes
@@ -388,6 +390,8 @@ class CudaKernels:
             return [
                 *prefix,
                 "if constexpr (VEC == 4) {",
+                # Unrolled so that each thread keeps several independent loads in flight.
+                "#pragma unroll 4",
                 f"  for (int64_t c0 = {c_begin} + threadIdx.x * 4; c0 < {c_end}; c0 += blockDim.x * 4) {{",
                 *indent(vec_loads_here, 4),
                 "#pragma unroll",
@@ -398,6 +402,7 @@ class CudaKernels:
                 "    }",
                 "  }",
                 "} else {",
+                "#pragma unroll 4",
                 f"  for (int64_t c = {c_begin} + threadIdx.x; c < {c_end}; c += blockDim.x) {{",
                 "    const int l = 0;",
                 "    (void)l;",
@@ -561,6 +566,22 @@ class CudaKernels:
             split_code = self.row_split(
                 info, element_pass, reduce_block, finalize, row_section, bases, scalar, row_load
             )
+        # Few long rows with a full-size result or dependent reductions (x / ||x||, a global softmax): one
+        # grid-wide split pass per reduction level, then the store pass over the whole grid.
+        levels_ok = not split_ok and info.max_level > 0 and self.variant.split != "off"
+        if levels_ok:
+            split_code = split_levels(
+                self,
+                info,
+                element_pass,
+                reduce_block,
+                row_section,
+                bases,
+                scalar,
+                row_load,
+                element_load,
+                used,
+            )
         align = " && ".join(f"aligned16({p})" for p in [*self.contig_ptrs(info), "out"])
         vec_cond = f"{align} && cols % 4 == 0" if vec_ok else "false"
         rb = self.row_block
@@ -574,13 +595,13 @@ class CudaKernels:
             f"  const bool vec4 = {vec_cond};",
             f"  const int threads = pow2_at_least((cols + (vec4 ? 15 : 3)) / (vec4 ? 16 : 4), 32, {rb});",
         ]
-        if split_ok:
+        if split_ok or levels_ok:
             launcher += [
                 "  const int64_t per_block = static_cast<int64_t>(threads) * (vec4 ? 16 : 4);",
                 "  if (rows < 2 * sm_count() && cols >= 8 * per_block) {",
                 "    const int64_t want = (4 * static_cast<int64_t>(sm_count()) + rows - 1) / rows;",
                 "    const int64_t splits = std::max<int64_t>(2, std::min<int64_t>(want, cols / per_block));",
-                f"    {k.name}_split("
+                f"    {k.name}_{'split' if split_ok else 'levels'}("
                 + ", ".join(self.call_args(info, ["rows", "cols"]))
                 + ", splits, threads, vec4, stream);",
                 "    return;",
@@ -723,110 +744,8 @@ class CudaKernels:
         return [*stage1, "", *stage2, "", *host]
 
     def row_columns(self, info: KernelInfo) -> str:
-        """Reductions over leading/middle dims: one thread per output position, coalesced across it."""
-        k = info.kernel
-        index = {o.id: i for i, o in enumerate(info.operands)}
-        scalar = self.scalar_fn(info)
-
-        def element_load(ident: str) -> str:
-            i = index[ident]
-            if info.operands[i].access == "scalar":
-                return f"z{i}"
-            return f"in{i}[b{i} + stitch::col_off<int64_t>(D.d[{self.slot(info, i)}], c)]"
-
-        def row_load(ident: str) -> str:
-            i = index[ident]
-            if info.operands[i].access == "scalar":
-                return f"z{i}"
-            return f"in{i}[b{i}]"
-
-        accs = {r.op.out: acc_type(r.op.fn, self.variant.acc, default_double=False) for r in info.reductions}
-        row_scope = Scope(self.g, info.ops, scalar, row_load)
-        lines = [
-            f"const int64_t b{i} = stitch::row_off<int64_t>(D.d[{self.slot(info, i)}], r);"
-            for i in info.general
-        ]
-        if k.root_level == "full":
-            lines.append("const int64_t ob = stitch::row_off<int64_t>(odesc, r);")
-
-        def section(level: int) -> None:
-            for op in k.ops:
-                if op.kind == "ew" and info.row_level.get(op.out) and info.levels.get(op.out) == level:
-                    row_scope.need(op.out)
-
-        section(0)
-        lines += row_scope.lines
-        for level in range(1, info.max_level + 1):
-            row_scope.lines = []
-            reds = [r for r in info.reductions if r.level == level]
-            inner = Scope(self.g, info.ops, scalar, element_load, parent=row_scope)
-            ups = [
-                acc_update(
-                    r.op.fn, accs[r.op.out], "a_" + local_var(r.op.out), inner.need(r.op.args[0].id), "c"
-                )
-                for r in reds
-            ]
-            lines += [
-                f"{accs[r.op.out]} a_{local_var(r.op.out)} = {acc_init(r.op.fn, accs[r.op.out])};"
-                for r in reds
-            ]
-            lines += ["for (int64_t c = 0; c < cols; ++c) {", *indent([*inner.lines, *ups], 2), "}"]
-            for r in reds:
-                name = local_var(r.op.out)
-                lines.append(
-                    f"const {CTYPE[self.g.values[r.op.out].dtype]} {name} = "
-                    f"{acc_final(r.op.fn, accs[r.op.out], 'a_' + name, 'cols')};"
-                )
-                row_scope.names[r.op.out] = name
-            section(level)
-            lines += row_scope.lines
-        row_scope.lines = []
-        if k.root_level == "row":
-            value = row_scope.need(k.root)
-            lines += [*row_scope.lines, f"out[r] = {value};"]
-        else:
-            inner = Scope(self.g, info.ops, scalar, element_load, parent=row_scope)
-            value = inner.need(k.root)
-            lines += [
-                *row_scope.lines,
-                "for (int64_t c = 0; c < cols; ++c) {",
-                *indent([*inner.lines, f"out[ob + stitch::col_off<int64_t>(odesc, c)] = {value};"], 2),
-                "}",
-            ]
-        extra = ["const int64_t rows", "const int64_t cols"] + (
-            ["const stitch::Desc odesc"] if k.root_level == "full" else []
-        )
-        params = self.kernel_params(info, extra)
-        block = self.block
-        kernel = [
-            *self.desc_struct(info),
-            "",
-            f"// {k.name}: reduction over inner dims ({info.max_level} passes): {', '.join(k.origins)}",
-            f"__global__ void __launch_bounds__({block}) {k.name}_kernel(",
-            "    " + ",\n    ".join(params) + ") {",
-            *indent(self.scalar_setup(info), 2),
-            "  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;",
-            "       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {",
-            *indent(lines, 4),
-            "  }",
-            "}",
-        ]
-        lextra = ["int64_t rows", "int64_t cols"] + (["stitch::Desc odesc"] if k.root_level == "full" else [])
-        cextra = ["rows", "cols"] + (["odesc"] if k.root_level == "full" else [])
-        launcher = [
-            f"static void {k.name}_launch(",
-            "    " + ",\n    ".join(self.launcher_params(info, lextra)) + ") {",
-            *indent(self.desc_fill(info), 2),
-            "  if (rows == 0) return;",
-            "  cudaStream_t stream = stitch::current_stream();",
-            "  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>("
-            f"(rows + {block - 1}) / {block}, "
-            f"static_cast<int64_t>(sm_count()) * {max(2048 // block, 1)}));",
-            f"  {k.name}_kernel<<<blocks, {block}, 0, stream>>>({', '.join(self.call_args(info, cextra))});",
-            "  STITCH_LAUNCH_CHECK();",
-            "}",
-        ]
-        return "\n".join([*kernel, "", *launcher])
+        """Reductions over leading/middle dims: tiles of adjacent outputs, the reduced extent across warps."""
+        return column_kernel(self, info)
 
     # ---- pooling -------------------------------------------------------------------------------------------
     def pool(self, info: KernelInfo) -> str:
