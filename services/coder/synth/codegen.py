@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from stitchcuda.coder.synth import convolution, einsum
 from stitchcuda.coder.synth.exprs import EW as EW_SPECS
 from stitchcuda.coder.synth.exprs import float_literal, pow_const
 from stitchcuda.coder.synth.fusion import Kernel, Operand, Program
@@ -611,7 +612,7 @@ class Host:
         fn = op.fn
         at = op.attrs
         custom = self.custom
-        if fn in ("linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "conv1d", "conv2d") and custom:
+        if fn in ("linear", "matmul", "mm", "bmm", "addmm", "baddbmm") and custom:
             self.helpers.add("custom")
         if fn == "linear":
             bias = self.opt_tensor(op.args[2]) if at.get("bias") else "c10::nullopt"
@@ -628,31 +629,22 @@ class Host:
             return f"at::{fn}({t[0]}, {t[1]}, {t[2]}, {at['beta']}, {at['alpha']})"
         if fn == "einsum":
             if custom:
-                raise Unsupported(f"{op.origin}: no custom kernel for einsum")
+                return self.custom_einsum_expr(op, t)
             return f'at::einsum("{at["equation"]}", {{{", ".join(t)}}})'
-        if fn in ("conv1d", "conv2d", "conv3d"):
+        if fn in convolution.CONV_FNS:
             bias = self.opt_tensor(op.args[2]) if at.get("bias") else "c10::nullopt"
-            pad = at["padding"]
+            if custom:
+                return self.custom_conv_expr(op, t, bias)
             stride = self.int_list([Const(x) for x in at["stride"]])
             dil = self.int_list([Const(x) for x in at["dilation"]])
-            if custom:
-                if fn == "conv3d" or isinstance(pad, str):
-                    raise Unsupported(f"{op.origin}: no custom kernel for {fn} with padding {pad!r}")
-                pads = self.int_list([Const(p) for p in pad])
-                return f"stitch_{fn}({t[0]}, {t[1]}, {bias}, {stride}, {pads}, {dil}, {at['groups']})"
+            if fn.startswith("conv_transpose"):
+                pads = [self.int_list([Const(x) for x in at[k]]) for k in ("padding", "output_padding")]
+                return (
+                    f"at::{fn}({t[0]}, {t[1]}, {bias}, {stride}, {pads[0]}, {pads[1]}, {at['groups']}, {dil})"
+                )
+            pad = at["padding"]
             pad_expr = f'"{pad}"' if isinstance(pad, str) else self.int_list([Const(p) for p in pad])
             return f"at::{fn}({t[0]}, {t[1]}, {bias}, {stride}, {pad_expr}, {dil}, {at['groups']})"
-        if fn.startswith("conv_transpose"):
-            if custom:
-                raise Unsupported(f"{op.origin}: no custom kernel for {fn}")
-            bias = self.opt_tensor(op.args[2]) if at.get("bias") else "c10::nullopt"
-            lists = [
-                self.int_list([Const(x) for x in at[k]]) for k in ("stride", "padding", "output_padding")
-            ]
-            dil = self.int_list([Const(x) for x in at["dilation"]])
-            return (
-                f"at::{fn}({t[0]}, {t[1]}, {bias}, {lists[0]}, {lists[1]}, {lists[2]}, {at['groups']}, {dil})"
-            )
         if fn == "sdpa":
             if custom:
                 raise Unsupported(f"{op.origin}: no custom kernel for attention with an explicit mask")
@@ -672,6 +664,34 @@ class Host:
                 f"{str(at['batch_first']).lower()})"
             )
         raise Unsupported(f"{op.origin}: library call {fn}")
+
+    def custom_conv_expr(self, op: Op, t: list[str], bias: str) -> str:
+        """A convolution or its transpose through the synthesizer's direct kernel (convolution.py)."""
+        at = op.attrs
+        self.helpers.add("conv")
+        nd = int(op.fn[-2])
+        pad = at["padding"]
+        if isinstance(pad, str):
+            kernel = self.g.values[op.args[1].id].shape[2:]
+            lo, hi = convolution.same_padding(pad, kernel, at["dilation"])
+        else:
+            lo = hi = pad
+        lists = [at["stride"], lo, hi, at["dilation"], at.get("output_padding", [0] * nd)]
+        args = ", ".join(self.int_list([Const(x) for x in v]) for v in lists)
+        transposed = str(op.fn.startswith("conv_transpose")).lower()
+        return f"stitch_conv({t[0]}, {t[1]}, {bias}, {args}, {at['groups']}, {transposed})"
+
+    def custom_einsum_expr(self, op: Op, t: list[str]) -> str:
+        """A two-operand einsum as one batched GEMM of the synthesizer's kernel (einsum.py)."""
+        shapes = [self.g.values[a.id].shape if isinstance(a, Ref) else () for a in op.args]
+        try:
+            form = einsum.plan(op.attrs["equation"], shapes)
+        except Unsupported as exc:
+            raise Unsupported(f"{op.origin}: {exc}") from None
+        self.helpers.update({"custom", "einsum"})
+        perms = [self.int_list([Const(x) for x in p]) for p in (form.perm_a, form.perm_b, form.perm_out)]
+        counts = f"{form.nbatch}, {form.nm}, {form.nn}"
+        return f"stitch_einsum_gemm({t[0]}, {t[1]}, {perms[0]}, {perms[1]}, {counts}, {perms[2]})"
 
     # ---- shared launch glue ------------------------------------------------------------------------
     def domain_lines(self, info: KernelInfo) -> tuple[list[str], str]:

@@ -2,13 +2,14 @@
 or the synthesizer's own kernels (variant gemm=custom), as host helper functions emitted on demand.
 
 Only the helpers a program uses are written into its source, so a program without GEMMs contains no
-library call at all. The custom kernels take arbitrary strides (a transposed weight is read in place),
-accumulate in float on CUDA (double on CPU) and add the bias in their store.
+library call at all. The custom GEMM takes arbitrary strides (a transposed weight is read in place),
+accumulates in float on CUDA (double on CPU) and adds the bias in its store; the custom convolutions
+(convolution.py) and the GEMM form of einsum (einsum.py) are helpers of their own ("conv", "einsum").
 """
 
 from __future__ import annotations
 
-from stitchcuda.coder.synth import scans
+from stitchcuda.coder.synth import convolution, einsum, scans
 
 # ---- library calls (ATen dispatches to the vendor library) ----------------------------------------------
 LIBRARY_HELPERS = {
@@ -80,39 +81,6 @@ at::Tensor stitch_linear(const at::Tensor& x, const at::Tensor& w, const c10::op
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});
   return stitch_bgemm(x2.unsqueeze(0), w.t().unsqueeze(0), b).view(sizes);
 }
-
-// 2-D convolution (zero padding) with the synthesizer's direct-convolution kernel.
-at::Tensor stitch_conv2d(const at::Tensor& x0, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                         std::vector<int64_t> stride, std::vector<int64_t> pad, std::vector<int64_t> dil,
-                         int64_t groups) {
-  const bool batched = x0.dim() == 4;
-  const at::Tensor x = (batched ? x0 : x0.unsqueeze(0)).contiguous();
-  const at::Tensor wc = w.contiguous();
-  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
-  const int64_t CO = wc.size(0), KH = wc.size(2), KW = wc.size(3);
-  TORCH_CHECK(C == wc.size(1) * groups, "conv2d channels");
-  const int64_t OH = (H + 2 * pad[0] - dil[0] * (KH - 1) - 1) / stride[0] + 1;
-  const int64_t OW = (W + 2 * pad[1] - dil[1] * (KW - 1) - 1) / stride[1] + 1;
-  at::Tensor y = at::empty({N, CO, OH, OW}, x.options());
-  at::Tensor bias_c;
-  const float* bptr = nullptr;
-  if (bias.has_value()) {
-    bias_c = bias->contiguous();
-    bptr = bias_c.data_ptr<float>();
-  }
-  stitch_conv2d_launch(x.data_ptr<float>(), wc.data_ptr<float>(), bptr, y.data_ptr<float>(), N, C, H, W,
-      CO, KH,
-                       KW, OH, OW, stride[0], stride[1], pad[0], pad[1], dil[0], dil[1], groups);
-  return batched ? y : y.squeeze(0);
-}
-
-at::Tensor stitch_conv1d(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                         std::vector<int64_t> stride, std::vector<int64_t> pad, std::vector<int64_t> dil,
-                         int64_t groups) {
-  const at::Tensor y = stitch_conv2d(x.unsqueeze(-2), w.unsqueeze(-2), bias, {1, stride[0]}, {0, pad[0]},
-                                     {1, dil[0]}, groups);
-  return y.squeeze(-2);
-}
 """
 
 CPU_KERNELS = r"""
@@ -144,41 +112,6 @@ static void stitch_gemm_launch(const float* A, const float* B, const float* bias
           for (int64_t k = 0; k < K; ++k)
             s += static_cast<double>(a[k * sAk]) * static_cast<double>(bcol[k * sBk]);
           c[n] = static_cast<float>(s + (bias ? bias[n] : 0.0));
-        }
-      }
-    }
-  });
-}
-
-// Direct convolution (CPU): one task per (image, output channel) plane.
-static void stitch_conv2d_launch(const float* x, const float* w, const float* bias, float* y, int64_t N,
-    int64_t C,
-                                 int64_t H, int64_t W, int64_t CO, int64_t KH, int64_t KW, int64_t OH,
-                                     int64_t OW,
-                                 int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
-                                 int64_t groups) {
-  const int64_t cg = C / groups, cog = CO / groups;
-  at::parallel_for(0, N * CO, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t n = p / CO, co = p - (p / CO) * CO, g = co / cog;
-      float* out = y + p * OH * OW;
-      for (int64_t oh = 0; oh < OH; ++oh) {
-        for (int64_t ow = 0; ow < OW; ++ow) {
-          double s = bias ? bias[co] : 0.0;
-          for (int64_t ci = 0; ci < cg; ++ci) {
-            const float* xin = x + ((n * C) + g * cg + ci) * H * W;
-            const float* wk = w + ((co * cg) + ci) * KH * KW;
-            for (int64_t kh = 0; kh < KH; ++kh) {
-              const int64_t ih = oh * sh - ph + kh * dh;
-              if (ih < 0 || ih >= H) continue;
-              for (int64_t kw = 0; kw < KW; ++kw) {
-                const int64_t iw = ow * sw - pw + kw * dw;
-                if (iw < 0 || iw >= W) continue;
-                s += static_cast<double>(xin[ih * W + iw]) * static_cast<double>(wk[kh * KW + kw]);
-              }
-            }
-          }
-          out[oh * OW + ow] = static_cast<float>(s);
         }
       }
     }
@@ -254,51 +187,6 @@ static void stitch_gemm_launch(const float* A, const float* B, const float* bias
   stitch_gemm_kernel<<<grid, 256, 0, stitch::current_stream()>>>(A, B, bias, C, M, N, K, sAb,
       sAm, sAk,
                                                                            sBb, sBk, sBn);
-  STITCH_LAUNCH_CHECK();
-}
-
-// Direct convolution (CUDA): one thread per output element.
-__global__ void __launch_bounds__(256) stitch_conv2d_kernel(
-    const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
-        float* __restrict__ y,
-    int64_t N, int64_t C, int64_t H, int64_t W, int64_t CO, int64_t KH, int64_t KW, int64_t OH, int64_t OW,
-    int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t groups) {
-  const int64_t total = N * CO * OH * OW;
-  const int64_t cg = C / groups, cog = CO / groups;
-  for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;
-       o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t ow = o % OW, oh = (o / OW) % OH, co = (o / (OW * OH)) % CO, n = o / (OW * OH * CO);
-    const int64_t g = co / cog;
-    float s = bias != nullptr ? bias[co] : 0.f;
-    for (int64_t ci = 0; ci < cg; ++ci) {
-      const float* xin = x + ((n * C) + g * cg + ci) * H * W;
-      const float* wk = w + ((co * cg) + ci) * KH * KW;
-      for (int64_t kh = 0; kh < KH; ++kh) {
-        const int64_t ih = oh * sh - ph + kh * dh;
-        if (ih < 0 || ih >= H) continue;
-        for (int64_t kw = 0; kw < KW; ++kw) {
-          const int64_t iw = ow * sw - pw + kw * dw;
-          if (iw >= 0 && iw < W) s = fmaf(xin[ih * W + iw], wk[kh * KW + kw], s);
-        }
-      }
-    }
-    y[o] = s;
-  }
-}
-
-static void stitch_conv2d_launch(const float* x, const float* w, const float* bias, float* y, int64_t N,
-    int64_t C,
-                                 int64_t H, int64_t W, int64_t CO, int64_t KH, int64_t KW, int64_t OH,
-                                     int64_t OW,
-                                 int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
-                                 int64_t groups) {
-  const int64_t total = N * CO * OH * OW;
-  if (total == 0) return;
-  const int64_t blocks = std::min<int64_t>((total + 255) / 256, static_cast<int64_t>(sm_count()) * 8);
-  stitch_conv2d_kernel<<<blocks, 256, 0, stitch::current_stream()>>>(x, w, bias, y, N, C, H, W,
-      CO, KH, KW,
-                                                                             OH, OW, sh, sw, ph, pw, dh,
-                                                                                 dw, groups);
   STITCH_LAUNCH_CHECK();
 }
 """
@@ -426,6 +314,8 @@ def device_source(helpers: set[str], backend: str) -> str:
     parts: list[str] = []
     if "custom" in helpers:
         parts.append(CUDA_KERNELS if backend == "cuda" else CPU_KERNELS)
+    if "conv" in helpers:
+        parts.append(convolution.device_source(backend))
     if "causal" in helpers and backend == "cuda":
         parts.append(CAUSAL_CUDA)
     if "cat" in helpers and backend == "cuda":
@@ -441,6 +331,10 @@ def host_source(helpers: set[str], backend: str) -> str:
         parts.append(CUSTOM_WRAPPERS)
     elif "linear" in helpers:
         parts.append(LIBRARY_HELPERS["linear"])
+    if "conv" in helpers:
+        parts.append(convolution.HOST)
+    if "einsum" in helpers:
+        parts.append(einsum.HOST)
     if "causal" in helpers:
         parts.append(CAUSAL_CUDA_HOST if backend == "cuda" else CAUSAL_CPU)
     if "cat" in helpers:

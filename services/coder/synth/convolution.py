@@ -1,0 +1,223 @@
+"""The synthesizer's own convolution kernels (variant gemm=custom): direct convolution and transposed
+convolution over one to three spatial dims, CPU and CUDA, behind one host wrapper, `stitch_conv`.
+
+Every rank runs the same 3-D kernel: the wrapper pads the spatial dims to three with leading size-1 dims.
+A transposed convolution is computed in gather form (each output element sums the input elements whose
+scattered taps land on it), so no output is written twice and no atomics are needed. Zero padding may
+differ before and after a dim (padding="same" with an even kernel extent); the bias is added in the store.
+"""
+
+from __future__ import annotations
+
+CONV_FNS = frozenset(
+    {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"}
+)
+
+# Both back ends: one convolution's geometry and the input index a kernel tap reads for an output index.
+COMMON = r"""
+// One convolution's sizes, spatial dims padded to three (depth, height, width). `geom` arrays hold the
+// fields in this order: n, c, co, groups, then in, out, k, stride, pad (before), dil of each spatial dim.
+struct ConvGeom {
+  int64_t n, c, co, groups;
+  int64_t in[3], out[3], k[3], stride[3], pad[3], dil[3];
+};
+
+static ConvGeom conv_geom(const int64_t* v) {
+  ConvGeom g;
+  g.n = v[0];
+  g.c = v[1];
+  g.co = v[2];
+  g.groups = v[3];
+  for (int j = 0; j < 3; ++j) {
+    g.in[j] = v[4 + j];
+    g.out[j] = v[7 + j];
+    g.k[j] = v[10 + j];
+    g.stride[j] = v[13 + j];
+    g.pad[j] = v[16 + j];
+    g.dil[j] = v[19 + j];
+  }
+  return g;
+}
+
+// The input index that tap `k` of spatial dim `j` reads for output index `o`, or -1 where it reads padding
+// (or, transposed, where no input element's scattered tap lands on `o`).
+template <bool kTransposed>
+STITCH_HD int64_t conv_source(const ConvGeom& g, int j, int64_t o, int64_t k) {
+  if (kTransposed) {
+    const int64_t t = o + g.pad[j] - k * g.dil[j];
+    if (t < 0 || t % g.stride[j] != 0) return -1;
+    const int64_t i = t / g.stride[j];
+    return i < g.in[j] ? i : -1;
+  }
+  const int64_t i = o * g.stride[j] - g.pad[j] + k * g.dil[j];
+  return i >= 0 && i < g.in[j] ? i : -1;
+}
+"""
+
+# The weight of input channel `ci` (within its group) for output channel `co`: [CO, C/groups, taps] for a
+# convolution, [C, CO/groups, taps] for a transposed one.
+_WEIGHT = r"""
+  const int64_t cg = g.c / g.groups, cog = g.co / g.groups, taps = g.k[0] * g.k[1] * g.k[2];
+  const int64_t in_plane = g.in[0] * g.in[1] * g.in[2];
+  // Weight offset of output channel co's first input channel, and the step between input channels.
+  auto weight_base = [&](int64_t co) {
+    const int64_t grp = co / cog;
+    return kTransposed ? (grp * cg * cog + co - grp * cog) * taps : co * cg * taps;
+  };
+  const int64_t w_step = kTransposed ? cog * taps : taps;
+"""
+
+CPU = r"""
+// Direct convolution and its transpose (CPU): one task per (image, output channel) plane, summed in double;
+// each (input channel, tap) pair is one pass over the plane, so the inner loop runs along an input row.
+template <bool kTransposed>
+static void stitch_conv_plane(const float* x, const float* w, const float* bias, float* y,
+                              const ConvGeom& g) {
+__WEIGHT__  const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2];
+  at::parallel_for(0, g.n * g.co, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<double> acc(static_cast<size_t>(OD * OH * OW));
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n = p / g.co, co = p - n * g.co, grp = co / cog;
+      std::fill(acc.begin(), acc.end(), bias != nullptr ? static_cast<double>(bias[co]) : 0.0);
+      for (int64_t ci = 0; ci < cg; ++ci) {
+        const float* xc = x + (n * g.c + grp * cg + ci) * in_plane;
+        const float* wc = w + weight_base(co) + ci * w_step;
+        for (int64_t kd = 0; kd < g.k[0]; ++kd)
+          for (int64_t kh = 0; kh < g.k[1]; ++kh)
+            for (int64_t kw = 0; kw < g.k[2]; ++kw) {
+              const double wv = wc[(kd * g.k[1] + kh) * g.k[2] + kw];
+              for (int64_t od = 0; od < OD; ++od) {
+                const int64_t id = conv_source<kTransposed>(g, 0, od, kd);
+                if (id < 0) continue;
+                for (int64_t oh = 0; oh < OH; ++oh) {
+                  const int64_t ih = conv_source<kTransposed>(g, 1, oh, kh);
+                  if (ih < 0) continue;
+                  const float* xr = xc + (id * g.in[1] + ih) * g.in[2];
+                  double* ar = acc.data() + (od * OH + oh) * OW;
+                  for (int64_t ow = 0; ow < OW; ++ow) {
+                    const int64_t iw = conv_source<kTransposed>(g, 2, ow, kw);
+                    if (iw >= 0) ar[ow] += wv * static_cast<double>(xr[iw]);
+                  }
+                }
+              }
+            }
+      }
+      float* out = y + p * OD * OH * OW;
+      for (size_t i = 0; i < acc.size(); ++i) out[i] = static_cast<float>(acc[i]);
+    }
+  });
+}
+
+static void stitch_conv_launch(const float* x, const float* w, const float* bias, float* y,
+                               const int64_t* geom, bool transposed) {
+  const ConvGeom g = conv_geom(geom);
+  if (transposed)
+    stitch_conv_plane<true>(x, w, bias, y, g);
+  else
+    stitch_conv_plane<false>(x, w, bias, y, g);
+}
+""".replace("__WEIGHT__", _WEIGHT)
+
+CUDA = r"""
+// Direct convolution and its transpose (CUDA): one thread per output element, summed in float. Threads of a
+// warp share an output channel (width is the fastest index), so each weight load is a broadcast; the
+// validity of a tap is decided once per tap, outside the loop over input channels.
+template <bool kTransposed>
+__global__ void __launch_bounds__(256) stitch_conv_kernel(const float* __restrict__ x,
+    const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y, ConvGeom g) {
+__WEIGHT__  const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2];
+  const int64_t total = g.n * g.co * OD * OH * OW;
+  for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;
+       o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t ow = o % OW, oh = (o / OW) % OH, od = (o / (OW * OH)) % OD;
+    const int64_t co = (o / (OW * OH * OD)) % g.co, n = o / (OW * OH * OD * g.co);
+    const float* xg = x + (n * g.c + (co / cog) * cg) * in_plane;
+    const float* wg = w + weight_base(co);
+    float s = bias != nullptr ? __ldg(bias + co) : 0.f;
+    for (int64_t kd = 0; kd < g.k[0]; ++kd) {
+      const int64_t id = conv_source<kTransposed>(g, 0, od, kd);
+      if (id < 0) continue;
+      for (int64_t kh = 0; kh < g.k[1]; ++kh) {
+        const int64_t ih = conv_source<kTransposed>(g, 1, oh, kh);
+        if (ih < 0) continue;
+        for (int64_t kw = 0; kw < g.k[2]; ++kw) {
+          const int64_t iw = conv_source<kTransposed>(g, 2, ow, kw);
+          if (iw < 0) continue;
+          const float* xp = xg + (id * g.in[1] + ih) * g.in[2] + iw;
+          const float* wp = wg + (kd * g.k[1] + kh) * g.k[2] + kw;
+          for (int64_t ci = 0; ci < cg; ++ci) s = fmaf(xp[ci * in_plane], __ldg(wp + ci * w_step), s);
+        }
+      }
+    }
+    y[o] = s;
+  }
+}
+
+static void stitch_conv_launch(const float* x, const float* w, const float* bias, float* y,
+                               const int64_t* geom, bool transposed) {
+  const ConvGeom g = conv_geom(geom);
+  const int64_t total = g.n * g.co * g.out[0] * g.out[1] * g.out[2];
+  if (total == 0) return;
+  const int64_t blocks = std::min<int64_t>((total + 255) / 256, static_cast<int64_t>(sm_count()) * 8);
+  if (transposed)
+    stitch_conv_kernel<true><<<blocks, 256, 0, stitch::current_stream()>>>(x, w, bias, y, g);
+  else
+    stitch_conv_kernel<false><<<blocks, 256, 0, stitch::current_stream()>>>(x, w, bias, y, g);
+  STITCH_LAUNCH_CHECK();
+}
+""".replace("__WEIGHT__", _WEIGHT)
+
+HOST = r"""
+// Convolution (or, transposed, its adjoint) over 1-3 spatial dims of a [N,] C, spatial... input: zero padding
+// pad_lo before and pad_hi after each dim, output_padding extending a transposed output at its end.
+at::Tensor stitch_conv(const at::Tensor& x0, const at::Tensor& w0, const c10::optional<at::Tensor>& bias,
+                       const std::vector<int64_t>& stride, const std::vector<int64_t>& pad_lo,
+                       const std::vector<int64_t>& pad_hi, const std::vector<int64_t>& dil,
+                       const std::vector<int64_t>& out_pad, int64_t groups, bool transposed) {
+  const int64_t nd = w0.dim() - 2;
+  const bool batched = x0.dim() == nd + 2;
+  const at::Tensor x = (batched ? x0 : x0.unsqueeze(0)).contiguous();
+  const at::Tensor w = w0.contiguous();
+  const int64_t co = transposed ? w.size(1) * groups : w.size(0);
+  TORCH_CHECK(x.dim() == nd + 2 && x.size(1) == (transposed ? w.size(0) : w.size(1) * groups),
+              "conv: input channels do not match the weight");
+  TORCH_CHECK(co % groups == 0 && x.size(1) % groups == 0, "conv: channels not divisible by groups");
+  int64_t geom[22] = {x.size(0), x.size(1), co, groups};
+  std::vector<int64_t> out_sizes = {x.size(0), co};
+  for (int64_t j = 0; j < 3; ++j) {
+    const int64_t d = j - (3 - nd);  // the problem's spatial dim; negative for a padded one
+    auto pick = [&](const std::vector<int64_t>& v, int64_t none) { return d >= 0 ? v[d] : none; };
+    const int64_t in = d >= 0 ? x.size(2 + d) : 1, k = d >= 0 ? w.size(2 + d) : 1;
+    const int64_t s = pick(stride, 1), lo = pick(pad_lo, 0), hi = pick(pad_hi, 0), dl = pick(dil, 1);
+    const int64_t extent = dl * (k - 1) + 1;
+    const int64_t out = transposed ? (in - 1) * s - lo - hi + extent + pick(out_pad, 0)
+                                   : (in + lo + hi - extent) / s + 1;
+    TORCH_CHECK(out > 0, "conv: empty output");
+    const int64_t fields[6] = {in, out, k, s, lo, dl};
+    for (int f = 0; f < 6; ++f) geom[4 + 3 * f + j] = fields[f];
+    if (d >= 0) out_sizes.push_back(out);
+  }
+  at::Tensor y = at::empty(out_sizes, x.options());
+  at::Tensor bias_c;
+  const float* bptr = nullptr;
+  if (bias.has_value()) {
+    bias_c = bias->contiguous();
+    TORCH_CHECK(bias_c.numel() == co, "conv: bias must have one element per output channel");
+    bptr = bias_c.data_ptr<float>();
+  }
+  stitch_conv_launch(x.data_ptr<float>(), w.data_ptr<float>(), bptr, y.data_ptr<float>(), geom, transposed);
+  return batched ? y : y.squeeze(0);
+}
+"""
+
+
+def same_padding(padding: str, kernel: tuple[int, ...], dilation: list[int]) -> tuple[list[int], list[int]]:
+    """(before, after) zero padding of padding="valid"/"same": torch puts the odd element after."""
+    if padding == "valid":
+        return [0] * len(kernel), [0] * len(kernel)
+    total = [d * (k - 1) for k, d in zip(kernel, dilation, strict=True)]
+    return [t // 2 for t in total], [t - t // 2 for t in total]
+
+
+def device_source(backend: str) -> str:
+    return COMMON + (CUDA if backend == "cuda" else CPU)

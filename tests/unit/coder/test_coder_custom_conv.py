@@ -1,0 +1,221 @@
+"""Convolutions (3-D, transposed 1-D/2-D/3-D) and GEMM-shaped einsums under the strict kernel policy: the
+built-in Coder writes them as the program's own kernels (no at::conv*, no at::einsum, no at::mm), the CUDA
+sources compile with nvcc, and (slow) each CPU program matches a float64 evaluation of the reference over
+strides, paddings, output paddings, dilations, groups, odd sizes and layers with and without bias."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+from test_coder_cuda_build import NVCC, nvcc_include
+from torch.utils import cpp_extension
+
+from stitchcuda.coder.synth import einsum
+from stitchcuda.coder.synth.ir import Unsupported
+from stitchcuda.coder.synth.synthesizer import Synthesizer, to_candidate
+from stitchcuda.coder.synth.variants import Variant
+from stitchcuda.shared.candidate import write_dir
+
+
+def problem(layers: list[str], forward: str, inputs: str, args: str = "x") -> str:
+    """A KernelBench-format reference with the given layers (self.l0, self.l1, ...) and forward."""
+    init = "".join(f"        self.l{i} = {layer}\n" for i, layer in enumerate(layers)) or "        pass\n"
+    return (
+        "import torch\nimport torch.nn as nn\n\n"
+        "class Model(nn.Module):\n"
+        f"    def __init__(self):\n        super().__init__()\n{init}\n"
+        f"    def forward(self, {args}):\n        return {forward}\n\n"
+        f"def get_inputs():\n    return {inputs}\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+
+
+PROBLEMS = {
+    "conv3d": problem(
+        [
+            "nn.Conv3d(4, 6, (3, 2, 3), stride=(1, 2, 1), padding=(1, 0, 2), dilation=(2, 1, 1))",
+            "nn.Conv3d(6, 4, 2, stride=2, padding=1, groups=2, bias=False)",
+            "nn.Conv3d(4, 5, (2, 3, 4), padding='same', dilation=(1, 2, 1))",  # even extents: more padding after
+            "nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2)",
+            "nn.Conv1d(4, 6, 3, padding=2, dilation=2, bias=False)",
+        ],
+        "self.l1(torch.relu(self.l0(x))), self.l2(x), self.l3(x[:, :, 0]), self.l4(x[:, :, 0, 0])",
+        "[torch.randn(2, 4, 5, 7, 9)]",
+    ),
+    "transposed": problem(
+        [
+            "nn.ConvTranspose1d(4, 6, 3, stride=3, padding=1, output_padding=2, dilation=2, groups=2)",
+            "nn.ConvTranspose2d(4, 6, (3, 5), stride=(2, 3), padding=(1, 2), output_padding=(1, 0), "
+            "dilation=(2, 1), groups=2)",
+            "nn.ConvTranspose2d(4, 3, 4, stride=1, padding=0, bias=False)",
+            "nn.ConvTranspose3d(4, 6, (3, 2, 3), stride=2, padding=(1, 0, 1), output_padding=1, groups=2)",
+            "nn.ConvTranspose3d(4, 4, 3, stride=(1, 2, 2), padding=1, dilation=(2, 1, 1), groups=4, bias=False)",
+        ],
+        "self.l0(x[:, :, 0, 0]), torch.tanh(self.l1(x[:, :, 0])), self.l2(x[:, :, 1]), self.l3(x), self.l4(x)",
+        "[torch.randn(2, 4, 5, 7, 9)]",
+    ),
+    "einsum": problem(
+        [],
+        "(torch.einsum('bijl,lk->bijk', a, w), torch.einsum('bik,bkj->bji', c, d), torch.einsum('ij,jk', w.t(), w),"
+        " torch.einsum('...ij,...jk->...ik', c, d), torch.einsum('i,j->ij', w[0], w[1]))",
+        "[torch.randn(2, 3, 5, 7), torch.randn(7, 4), torch.randn(3, 6, 5), torch.randn(3, 5, 2)]",
+        args="a, w, c, d",
+    ),
+}
+
+# What a strict program must not call: the vendor libraries' GEMMs and convolutions.
+LIBRARY = re.compile(r"\bat::(mm|addmm|bmm|baddbmm|matmul|conv\w*|einsum|linear|tensordot)\s*\(")
+OWN = {"conv3d": "stitch_conv(", "transposed": "stitch_conv(", "einsum": "stitch_einsum_gemm("}
+
+
+@pytest.fixture(scope="module")
+def synth() -> Synthesizer:
+    return Synthesizer(in_process=True)  # the references above are this test's own
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("name", list(PROBLEMS))
+def test_strict_program_runs_its_own_kernels(synth: Synthesizer, name: str, device: str) -> None:
+    synthesis = synth.synthesize(PROBLEMS[name], None, variant=Variant(), device=device)
+    text = "\n".join(synthesis.files.values())
+    assert not LIBRARY.search(text), LIBRARY.findall(text)
+    assert OWN[name] in synthesis.files["forward.cpp"]
+    assert synthesis.build.libraries == []
+
+
+def test_library_policy_keeps_the_library_calls(synth: Synthesizer) -> None:
+    from stitchcuda.shared.policy import LIBRARY as LIBRARY_POLICY
+    from stitchcuda.shared.policy import KernelPolicy
+
+    synthesis = synth.synthesize(
+        PROBLEMS["transposed"], None, variant=Variant(), device="cpu", policy=KernelPolicy(LIBRARY_POLICY)
+    )
+    assert "at::conv_transpose3d(" in synthesis.files["forward.cpp"]
+    assert "stitch_conv(" not in synthesis.files["forward.cpp"]
+
+
+@pytest.mark.parametrize(
+    ("equation", "shapes", "form"),
+    [
+        ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)], ([0, 1, 2], [0, 1, 2], 1, 1, 1, [0, 1, 2])),
+        ("bijl,lk->bijk", [(2, 3, 4, 5), (5, 6)], ([0, 1, 2, 3], [0, 1], 0, 3, 1, [0, 1, 2, 3])),
+        # The output's order differs from [batch, M, N]: the product is permuted.
+        ("bik,bkj->bji", [(2, 3, 4), (2, 4, 5)], ([0, 1, 2], [0, 1, 2], 1, 1, 1, [0, 2, 1])),
+        # Implicit output (labels seen once, alphabetically), a contraction over two labels.
+        ("kaj,jkb", [(3, 4, 5), (5, 3, 6)], ([1, 0, 2], [1, 0, 2], 0, 1, 1, [0, 1])),
+        # Ellipsis broadcast dims: batch where both operands have them, M where only the first does.
+        ("...ij,jk->...ik", [(2, 3, 4, 5), (5, 6)], ([0, 1, 2, 3], [0, 1], 0, 3, 1, [0, 1, 2, 3])),
+    ],
+)
+def test_einsum_gemm_forms(equation: str, shapes: list[tuple[int, ...]], form: tuple[object, ...]) -> None:
+    plan = einsum.plan(equation, shapes)
+    assert (plan.perm_a, plan.perm_b, plan.nbatch, plan.nm, plan.nn, plan.perm_out) == form
+    # The plan, replayed with torch ops, is the einsum.
+    a, b = (torch.randn(s, dtype=torch.float64) for s in shapes)
+    ap, bp = a.permute(plan.perm_a), b.permute(plan.perm_b)
+    nb, nm = plan.nbatch, plan.nm
+    lead, m, n = ap.shape[:nb], ap.shape[nb : nb + nm], bp.shape[bp.dim() - plan.nn :]
+    prod = ap.reshape(lead.numel(), m.numel(), -1) @ bp.reshape(lead.numel(), -1, n.numel())
+    got = prod.view(*lead, *m, *n).permute(plan.perm_out)
+    torch.testing.assert_close(got, torch.einsum(equation, a, b))
+
+
+@pytest.mark.parametrize(
+    ("equation", "shapes", "why"),
+    [
+        ("ii->i", [(3, 3)], "operands"),
+        ("ij,jk->i", [(2, 3), (3, 4)], "summed within one operand"),
+        ("ii,ij->ij", [(3, 3), (3, 4)], "repeated label"),
+        ("bij,bjk->bik", [(1, 3, 4), (2, 4, 5)], "broadcast"),
+    ],
+)
+def test_einsums_without_a_gemm_form_are_unsupported(
+    equation: str, shapes: list[tuple[int, ...]], why: str
+) -> None:
+    with pytest.raises(Unsupported, match=why):
+        einsum.plan(equation, shapes)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_cuda_sources_compile(synth: Synthesizer, tmp_path: Path) -> None:
+    """kernels.cu with nvcc alone, forward.cpp parsed against this torch's headers (as test_coder_cuda_build)."""
+    assert NVCC is not None
+    both = PROBLEMS["transposed"].replace(
+        "self.l3(x), self.l4(x)", "self.l3(x), self.l4(x), torch.einsum('bcdhw,bcdvw->bcdhv', x, x)"
+    )
+    candidate = to_candidate(synth.synthesize(both, None, variant=Variant(), device="cuda"))
+    folder = tmp_path / "program"
+    write_dir(candidate, folder)
+    assert "void stitch_conv_launch(" in (folder / "kernels.cu").read_text()
+    stub = tmp_path / "stub" / "c10" / "cuda" / "impl"
+    stub.mkdir(parents=True)
+    (stub / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+    includes = [f"-I{tmp_path / 'stub'}", f"-I{nvcc_include()}"]
+    includes += [f"-isystem{p}" for p in cpp_extension.include_paths()]
+    includes.append(f"-isystem{sysconfig.get_paths()['include']}")
+    host = subprocess.Popen(
+        ["c++", "-fsyntax-only", "-std=c++17", "-DTORCH_EXTENSION_NAME=stitch_test",
+         "-DTORCH_API_INCLUDE_EXTENSION_H", *includes, str(folder / "forward.cpp")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    kernels = subprocess.run(
+        [NVCC, "-c", str(folder / "kernels.cu"), "-o", str(tmp_path / "kernels.o"), "-O3", "-std=c++17",
+         "--expt-relaxed-constexpr", "-gencode=arch=compute_90,code=sm_90", "--compiler-options", "-fPIC"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    out, _ = host.communicate(timeout=600)
+    assert kernels.returncode == 0, kernels.stderr[-3000:]
+    assert host.returncode == 0, out[-3000:]
+
+
+def build_cpu(synth: Synthesizer, source: str) -> dict[str, object]:
+    """Builds the strict CPU program of `source` with the real compiler; returns model_new's namespace."""
+    synthesis = synth.synthesize(source, None, variant=Variant(), device="cpu")
+    name = synthesis.build.extension_name
+    root = Path(os.environ.get("STITCH_TEST_BUILD_DIR", Path.home() / ".cache" / "stitchcuda-tests")) / name
+    root.mkdir(parents=True, exist_ok=True)
+    for path, content in synthesis.files.items():
+        if not (root / path).exists() or (root / path).read_text() != content:
+            (root / path).write_text(content)
+    sys.modules[name] = cpp_extension.load(
+        name=name,
+        sources=[str(root / s) for s in synthesis.build.sources],
+        extra_cflags=list(synthesis.build.cflags),
+        extra_ldflags=list(synthesis.build.ldflags),
+        build_directory=str(root),
+    )
+    mn: dict[str, object] = {"__name__": "model_new"}
+    exec(compile(synthesis.files["model_new.py"], "model_new.py", "exec"), mn)
+    return mn
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(PROBLEMS))
+def test_compiled_cpu_program_matches_the_reference(synth: Synthesizer, name: str) -> None:
+    source = PROBLEMS[name]
+    mn = build_cpu(synth, source)
+    ns: dict[str, object] = {"__name__": "reference"}
+    exec(compile(source, "reference.py", "exec"), ns)
+    torch.manual_seed(0)
+    ref = ns["Model"]()  # type: ignore[operator]
+    torch.manual_seed(0)
+    new = mn["ModelNew"]()  # type: ignore[operator]
+    for seed in (5, 6):
+        torch.manual_seed(seed)
+        xs = ns["get_inputs"]()  # type: ignore[operator]
+        with torch.no_grad():
+            want = ref.double()(*[x.double() for x in xs])
+            ref.float()
+            got = new(*xs)
+        assert len(got) == len(want)
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert g.dtype == torch.float32 and g.shape == w.shape, (i, g.shape, w.shape)
+            rel = ((g.double() - w).norm() / w.norm()).item()
+            assert rel < 1e-5, f"{name} output {i}: relative L2 error {rel:.2e}"
