@@ -4,8 +4,10 @@ A candidate's `model_new.py` defines `class ModelNew(nn.Module)` and reaches its
 through one top-level line, `import <extension_name> as ext` (the Verifier builds the extension itself and
 puts it on the import path), or through its own torch.utils.cpp_extension build calls (load_inline or load,
 anywhere, once or several times: `build_calls`), each of which becomes a build entry the Verifier builds
-before the run and serves the call from. `export_standalone` turns the first kind into a self-contained
-KernelBench-style module that JIT-builds the sources with torch.utils.cpp_extension.
+before the run and serves the call from. A Triton candidate (`@triton.jit` kernels launched from forward,
+`triton_kernels`) has no build entry at all: its kernels compile on first launch inside the run.
+`export_standalone` turns the first kind into a self-contained KernelBench-style module that JIT-builds the
+sources with torch.utils.cpp_extension.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import re
 from pathlib import Path
 
 from stitchcuda.api.v1 import code_pb2
-from stitchcuda.shared import build_calls
+from stitchcuda.shared import build_calls, triton_kernels
 from stitchcuda.shared.artifacts import sha256_hex
 from stitchcuda.shared.errors import InvalidRequest
 
@@ -26,7 +28,8 @@ SOURCE_SUFFIXES = (".cpp", ".cc", ".cu", ".cuh", ".h", ".hpp")
 FOLDER_WITH_MANIFEST = "folder with manifest"
 LOOKED_FOR = (
     f"a folder with {MANIFEST}, or a {ENTRY} (or single .py file) whose ModelNew builds its extension with "
-    "torch.utils.cpp_extension.load_inline or load (at module level, in __init__ or in a helper)"
+    "torch.utils.cpp_extension.load_inline or load (at module level, in __init__ or in a helper) "
+    "or defines @triton.jit kernels"
 )
 
 
@@ -79,11 +82,16 @@ def read_dir(root: Path) -> code_pb2.Candidate:
         if ENTRY not in files:
             raise InvalidRequest(f"{root} is not a candidate: looked for {LOOKED_FOR}")
         calls = build_calls.find(files[ENTRY], files)
-        if not calls:
+        kernels = triton_kernels.find(files[ENTRY])
+        if not calls and not kernels:
             raise InvalidRequest(
-                f"{root} has no {MANIFEST} and its {ENTRY} makes no build call: looked for {LOOKED_FOR}"
+                f"{root} has no {MANIFEST} and its {ENTRY} makes no build call and defines no @triton.jit "
+                f"kernel: looked for {LOOKED_FOR}"
             )
-        return from_build_calls(files, calls, backend="cpu", fmt="folder: " + build_calls.describe(calls))
+        if not calls:
+            return from_triton(files, kernels, fmt="folder: " + triton_kernels.describe(kernels))
+        cand = from_build_calls(files, calls, backend="cpu", fmt="folder: " + build_calls.describe(calls))
+        return _with_triton(cand, kernels)
     try:
         manifest = json.loads(manifest_path.read_text())
         build = code_pb2.BuildManifest(**manifest)
@@ -106,8 +114,41 @@ def read_dir(root: Path) -> code_pb2.Candidate:
 
 
 def builds(candidate: code_pb2.Candidate) -> list[code_pb2.BuildManifest]:
-    """Every extension the candidate needs built: the manifest's, then the further ones."""
+    """Every extension the candidate needs built: the manifest's, then the further ones (none for Triton)."""
+    if not candidate.build.extension_name and not candidate.extra_builds:
+        return []
     return [candidate.build, *candidate.extra_builds]
+
+
+def is_triton(candidate: code_pb2.Candidate) -> bool:
+    """Whether the candidate's entry defines Triton kernels (alone or beside extensions)."""
+    entry = file_map(candidate).get(candidate.entry or ENTRY, "")
+    try:
+        return bool(triton_kernels.find(entry))
+    except InvalidRequest:
+        return False
+
+
+def from_triton(
+    files: dict[str, str], kernels: list[triton_kernels.TritonKernel], fmt: str = ""
+) -> code_pb2.Candidate:
+    """A Triton candidate: its files as written and no build entry (its kernels compile on first launch)."""
+    cand = code_pb2.Candidate(
+        schema_version=1,
+        files=[code_pb2.SourceFile(path=p, content=c) for p, c in files.items()],
+        entry=ENTRY,
+        coder="kernelbench-file",
+        format=fmt or triton_kernels.describe(kernels),
+    )
+    validate(cand)
+    return cand
+
+
+def _with_triton(cand: code_pb2.Candidate, kernels: list[triton_kernels.TritonKernel]) -> code_pb2.Candidate:
+    """An extension candidate whose entry also defines Triton kernels names both in its format."""
+    if kernels:
+        cand.format += " + " + triton_kernels.describe(kernels)
+    return cand
 
 
 def from_build_calls(
@@ -157,6 +198,8 @@ def validate(candidate: code_pb2.Candidate) -> None:
     entry = candidate.entry or ENTRY
     if entry not in files:
         raise InvalidRequest(f"candidate has no {entry}")
+    if not builds(candidate) and not is_triton(candidate):
+        raise InvalidRequest(f"candidate has no extension to build and {entry} defines no @triton.jit kernel")
     names: set[str] = set()
     for build in builds(candidate):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,100}", build.extension_name):
@@ -240,9 +283,17 @@ def from_kernelbench_source(source: str, backend: str) -> code_pb2.Candidate:
     except SyntaxError as exc:
         raise InvalidRequest(f"candidate does not parse: line {exc.lineno}: {exc.msg}") from exc
     found = build_calls.find(source, {})
+    kernels = triton_kernels.find(source)
+    if not found and kernels:
+        return from_triton({ENTRY: source}, kernels)
     if not found:
-        raise InvalidRequest(f"no torch.utils.cpp_extension build call found; looked for {LOOKED_FOR}")
+        raise InvalidRequest(
+            "no torch.utils.cpp_extension build call and no @triton.jit kernel found; "
+            f"looked for {LOOKED_FOR}"
+        )
     fmt = build_calls.describe(found)
+    if kernels:
+        fmt += " + " + triton_kernels.describe(kernels)
     top = [
         s
         for s in tree.body

@@ -1,11 +1,11 @@
 """Kernel accounting (D6): which kernels ran in one profiled call, whose they are, on which stream.
 
-Attribution does not trust kernel names: the runner wraps every function of the candidate's extension
-in a profiler range with a secret token, so a GPU kernel is *custom* when its launch happened inside
-such a range and not inside an ATen op; otherwise it is *library* (cuBLAS/cuDNN/CUTLASS names, BLAS
-and convolution ops on a CPU) or *torch*; device memcpy/memset are *copy*, outside the compute
-shares. On a CPU the "kernels" are the extension's own time (its ranges minus the ATen ops inside
-them) and the ATen ops.
+Attribution does not trust kernel names: the runner wraps every function of the candidate's extension, and
+every launch of its Triton kernels, in a profiler range with a secret token, so a GPU kernel is *custom*
+when its launch happened inside such a range and not inside an ATen op; otherwise it is *library*
+(cuBLAS/cuDNN/CUTLASS names, BLAS and convolution ops on a CPU) or *torch*; device memcpy/memset are *copy*,
+outside the compute shares. On a CPU the "kernels" are the extension's own time (its ranges minus the ATen
+ops inside them) and the ATen ops.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ JOINS = (
     "cudaDeviceSynchronize",
     "cuStreamWaitEvent",
 )
+# The runner's range around a launch of one of the candidate's Triton kernels: `<token>::triton::<name>`
+# (harness/triton_launch.py). The kernel Triton compiles carries the jit function's name.
+TRITON_SPAN = "triton::"
 # The runner's span around each profiled forward call (sent to it in the run's header): not an
 # identifier, so no extension function (spans `<token>::<function name>`) can share it.
 CALL_SPAN = "<profiled call>"
@@ -210,12 +213,14 @@ def _account_gpu(
         if e["cat"] != "kernel":
             origin = "copy"
         elif launch is not None:
-            in_span = any(_contains(s, launch["ts"], launch["tid"]) for s in custom_spans)
+            around = [s for s in custom_spans if _contains(s, launch["ts"], launch["tid"])]
             in_op = any(_contains(op, launch["ts"], launch["tid"]) for op in ops)
-            if in_span and not in_op:
+            if around and not in_op:
                 # The candidate's own kernel may carry a library-like word (`gemm_bias_relu_kernel`);
-                # a kernel it defines and launches is custom whatever its name.
-                custom = _defined_by(e["name"], symbols) or not GPU_LIBRARY.search(e["name"])
+                # a kernel it defines and launches is custom whatever its name, and so is the kernel a
+                # launch of its Triton kernel `gemm_kernel` compiles to.
+                jit = {n.split(TRITON_SPAN, 1)[1] for s in around if TRITON_SPAN in (n := s["name"])}
+                custom = _defined_by(e["name"], symbols | jit) or not GPU_LIBRARY.search(e["name"])
                 origin = "custom" if custom else "library"
             else:
                 origin = "library" if GPU_LIBRARY.search(e["name"]) else "torch"

@@ -39,6 +39,8 @@ from stitchcuda.verifier.settings import VerifierSettings
 log = logging.getLogger("stitchcuda.verifier.build")
 
 FAILURE = "build-error.json"
+# The build of a candidate with no extension (Triton kernels compile on first launch, inside the run).
+NO_EXTENSION = "no-extension"
 _ERROR_PATTERNS = [
     re.compile(r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:\d+:)?\s*(?:fatal )?error:\s*(?P<msg>.+)$"),
     re.compile(r"^(?P<file>[^\s(]+)\((?P<line>\d+)\):\s*(?:catastrophic )?error:?\s*(?P<msg>.+)$"),
@@ -145,6 +147,8 @@ class Builder:
 
     def key(self, candidate: code_pb2.Candidate) -> str:
         parts = [cache_key(one, self.settings.cuda_arch_list) for one in split(candidate)]
+        if not parts:
+            return sha256_hex(NO_EXTENSION)
         return parts[0] if len(parts) == 1 else sha256_hex(*parts)
 
     def local_dir(self, key: str) -> Path:
@@ -154,6 +158,10 @@ class Builder:
         """Every extension of the candidate built (or fetched from the cache); a folder holding every .so.
         Any extension that fails fails the whole build (D1: the candidate never sees a build error)."""
         parts = split(candidate)
+        if not parts:
+            empty = self.local_dir(NO_EXTENSION)
+            empty.mkdir(exist_ok=True)
+            return verify_pb2.BuildResult(cache_key=self.key(candidate), ok=True, cached=True), empty
         if len(parts) == 1:
             return self._build_one(parts[0])
         started = time.monotonic()

@@ -21,6 +21,7 @@ from stitchcuda.verifier.static_graph import Program
 from stitchcuda.verifier.static_module import ModuleScan, reference_info
 from stitchcuda.verifier.static_names import Names
 from stitchcuda.verifier.static_report import Hit, Hits
+from stitchcuda.verifier.static_triton import scan_triton
 
 __all__ = ["scan", "scan_hits"]
 
@@ -97,6 +98,7 @@ def scan_hits(candidate: code_pb2.Candidate, reference_source: str) -> Hits:
             forward_ids = {id(f.node) for f, _ in flow.reached}
             module = ModuleScan(program, names, hits, forward_ids, ref, entry)
             streams = module.run(source)
+            scan_triton(program, names, ref, hits, entry)
             streams_made += streams.made
             streams_joined += streams.joined
     sources = {p: c for p, c in files.items() if p.endswith(SOURCE_SUFFIXES)}

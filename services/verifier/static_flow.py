@@ -214,6 +214,9 @@ class Flow(Evaluator):
         # Kernels write their outputs in place: the buffers passed in now hold input-derived data.
         for a in node.args:
             if isinstance(a, ast.Name) and a.id not in self.ext_aliases:
+                held = self.lookup(a.id)
+                if has(held, "M") and not has(held, "T", "A"):
+                    continue  # a size or stride passed to a kernel (Triton's n_cols) is no buffer it writes
                 self.write_into(a, out)
         return out
 

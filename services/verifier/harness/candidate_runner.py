@@ -17,6 +17,7 @@ import importlib.util
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 import types
@@ -27,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common
 import served_builds
 import stats
+import triton_launch
 import wire
 
 HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -299,7 +301,19 @@ class Auditor:
                 ]
             }
         )
-        self.write_ok = (os.path.realpath(roots["work"]) + os.sep, "/dev/null", "/dev/shm/")
+        # The run's temporary folder is private to it (inside the work dir, or bwrap's private /tmp);
+        # Triton compiles its launchers and ptx there on first launch.
+        tmp = os.path.realpath(tempfile.gettempdir()) + os.sep
+        self.write_ok = (os.path.realpath(roots["work"]) + os.sep, "/dev/null", "/dev/shm/", tmp)
+        self.read_ok = (*self.read_ok, tmp)
+        self.scan_ok = (*self.scan_ok, tmp)
+        self.triton_roots = tuple(
+            {
+                os.path.join(f(p), "triton") + os.sep
+                for p in site.getsitepackages()
+                for f in (str, os.path.realpath)
+            }
+        )
 
     def hook(self, event: str, args: tuple[Any, ...]) -> None:
         if event not in WATCH or self.phase == "setup":
@@ -351,11 +365,14 @@ class Auditor:
             exe = ""
             if args:
                 first = args[0]
+                if first is None and event == "subprocess.Popen" and len(args) > 1:
+                    first = args[1]  # Popen(executable=None, args=[...]): the program is args[0]
                 if isinstance(first, list | tuple) and first:
                     first = first[0]
                 exe = os.path.basename(str(first))
-            on_stack, _ = self._stack()
-            if exe in TOOLCHAIN and not on_stack:
+            on_stack, inner = self._stack()
+            # Triton runs ptxas, and a C compiler for its launcher, on a kernel's first launch from forward.
+            if exe in TOOLCHAIN and (not on_stack or inner.startswith(self.triton_roots)):
                 return
             self.findings.add("D9.process", "REJECT", f"tried to start a process ({event} {exe})", where)
             raise PermissionError("starting processes is not allowed in the verifier sandbox")
@@ -767,7 +784,8 @@ def main() -> None:
         auditor.phase = "import"
         sys.path.insert(0, roots["ext"])
         modules = {}
-        for ext_name in header.get("ext_names") or [header["ext_name"]]:
+        # A Triton candidate builds no extension: its names are empty.
+        for ext_name in header.get("ext_names") or [n for n in [header["ext_name"]] if n]:
             modules[ext_name] = importlib.import_module(ext_name)
             wrap_extension(modules[ext_name], token, custom_calls, prof_on, record_function)
         if served is not None:
@@ -789,6 +807,8 @@ def main() -> None:
         model_cls = getattr(module, "ModelNew", None)
         if model_cls is None:
             raise AttributeError("model_new.py does not define ModelNew")
+        own = [m for m in list(sys.modules.values()) if _under(getattr(m, "__file__", None), roots["cand"])]
+        triton_launch.wrap_kernels(own, token, custom_calls, prof_on, record_function)
     except BaseException as exc:
         fault("import", exc)
         return
@@ -1114,6 +1134,10 @@ def main() -> None:
     send({"kind": "findings", "items": findings.items})
     send({"kind": "done", "nonce": header["nonce"], "calls": calls[0], "phases": phases})
     exit_now(out, 0)
+
+
+def _under(path: Any, root: str) -> bool:
+    return isinstance(path, str) and os.path.realpath(path).startswith(os.path.realpath(root) + os.sep)
 
 
 def open_profiler(profile_cls: Any, torch: Any, device: str) -> Any:
