@@ -281,7 +281,7 @@ class Host:
         self.backend = backend
         self.launch = launch
         self.lines: list[str] = []
-        # Host helpers the program needs from the back end ("lstm").
+        # Host helpers the program needs from the back end ("lstm": the recurrent layers, LSTM and GRU).
         self.helpers: set[str] = set()
 
     def scalar_expr(self, a: Any) -> str:
@@ -386,10 +386,11 @@ class Host:
         if op.kind == VIEW:
             return [f"at::Tensor {tensor_var(op.out)} = {self.view_expr(op)};"]
         if op.kind == LIB:
-            if op.fn == "lstm":
+            if op.fn in ("lstm", "gru"):
                 self.helpers.add("lstm")
                 if self.custom:
                     self.helpers.add("custom")
+                return [f"const std::vector<at::Tensor> {list_var(op.out)} = {self.rnn_expr(op)};"]
             lines = [f"at::Tensor {tensor_var(op.out)} = {self.lib_expr(op)};"]
             if op.attrs.get("causal"):
                 self.helpers.add("causal")
@@ -657,13 +658,21 @@ class Host:
         if fn == "cat":
             self.helpers.add("cat")
             return f"stitch_cat({{{', '.join(t)}}}, {at['dim']})"
-        if fn == "lstm":
-            weights = ", ".join(t[1:])
-            return (
-                f"stitch_lstm({t[0]}, {{{weights}}}, {at['layers']}, {str(at['bias']).lower()}, "
-                f"{str(at['batch_first']).lower()})"
-            )
         raise Unsupported(f"{op.origin}: library call {fn}")
+
+    def rnn_expr(self, op: Op) -> str:
+        """nn.LSTM / nn.GRU through rnn.py's host loop: {output, h_n[, c_n]}."""
+        at = op.attrs
+        t = [tensor_var(a.id) for a in op.args]
+        n = at["states"]
+        states = (t[1 : 1 + n] + ["at::Tensor()"] * 2)[:2]
+        flags = [at["layers"], at["directions"], str(at["bias"]).lower(), str(at["batch_first"]).lower()]
+        gates = 4 if op.fn == "lstm" else 3
+        return (
+            f"stitch_rnn({t[0]}, {{{', '.join(t[1 + n :])}}}, {', '.join(states)}, {gates}, "
+            + ", ".join(str(f) for f in flags)
+            + ")"
+        )
 
     def custom_conv_expr(self, op: Op, t: list[str], bias: str) -> str:
         """A convolution or its transpose through the synthesizer's direct kernel (convolution.py)."""

@@ -98,7 +98,7 @@ class Normalizer:
         self._fresh = 0
         # fx node name -> the IR value its lowering produced (when they differ).
         self.alias: dict[str, str] = {}
-        # Results the lowering does not produce (an LSTM's final states): an error only if used.
+        # Results the lowering does not produce (a tensor's device as a value): an error only if used.
         self.unavailable: dict[str, str] = {}
 
     # ---- helpers -------------------------------------------------------------------------------
@@ -1487,8 +1487,8 @@ class Normalizer:
             got = {"output_size": a.get("output_size"), "return_indices": a.get("return_indices")}
             self.define(node, self.pool(node, fn, x, self.pool_attrs(fn, got)))
             return
-        if cls == "LSTM":
-            self.lower_lstm(node, x, args)
+        if cls in ("LSTM", "GRU"):
+            self.lower_rnn(node, cls, x, args[1:] or [kwargs.get("hx")])
             return
         if cls == "Flatten":
             self.define(
@@ -1508,40 +1508,70 @@ class Normalizer:
             return
         raise Unsupported(f"{node.name}: module {cls} has no lowering")
 
-    def lower_lstm(self, node: TracedNode, x: Ref, args: list[Any]) -> None:
-        """nn.LSTM: per layer one library GEMM for every step's input projection, then per time step a
-        library GEMM for the recurrent term and a custom fused cell kernel (gates, c and h updates)."""
+    def lower_rnn(self, node: TracedNode, cls: str, x: Ref, hx: list[Any]) -> None:
+        """nn.LSTM / nn.GRU: one library call (rnn.py's host loop: per layer and direction a GEMM for every
+        step's input projection, then per step a GEMM for the recurrent term and a fused cell kernel)
+        whose list result is {output, h_n[, c_n]}; the module's (output, h_n) or (output, (h_n, c_n)) is
+        a tuple of those items."""
         mod = node.module or {}
         a = mod.get("attrs", {})
-        if len(args) > 1:
-            raise Unsupported(f"{node.name}: LSTM with an initial state")
-        if a.get("bidirectional") or a.get("proj_size", 0) or (a.get("dropout", 0) and mod.get("training")):
-            raise Unsupported(f"{node.name}: bidirectional, projected or dropout LSTM")
+        if a.get("proj_size", 0) or (a.get("dropout", 0) and mod.get("training")):
+            raise Unsupported(f"{node.name}: projected or dropout {cls}")
+        if len(self.shape_of(x)) != 3:
+            raise Unsupported(f"{node.name}: {cls} over an unbatched (2-D) sequence")
+        states = self.rnn_states(node, cls, hx[0] if hx else None)
         layers, bias = int(a["num_layers"]), bool(a.get("bias", True))
+        directions = ("", "_reverse") if a.get("bidirectional") else ("",)
         weights = []
         for layer in range(layers):
-            for name in ("weight_ih", "weight_hh") + (("bias_ih", "bias_hh") if bias else ()):
-                ref = self.module_param(node, f"{name}_l{layer}")
-                if ref is None:
-                    raise Unsupported(f"{node.name}: LSTM parameter {name}_l{layer} missing")
-                weights.append(ref)
+            for suffix in directions:
+                for name in ("weight_ih", "weight_hh") + (("bias_ih", "bias_hh") if bias else ()):
+                    ref = self.module_param(node, f"{name}_l{layer}{suffix}")
+                    if ref is None:
+                        raise Unsupported(f"{node.name}: {cls} parameter {name}_l{layer}{suffix} missing")
+                    weights.append(ref)
         items = node.meta.get("items") or []
-        out_meta = items[0] if items else None
-        if not out_meta or out_meta.get("kind") != "tensor":
-            raise Unsupported(f"{node.name}: unexpected LSTM result")
-        out = self.meta_value(node.name + "_out", out_meta)
-        self.g.add_value(out)
+        state_metas = items[1:2] if cls == "GRU" else (items[1].get("items") or [] if len(items) == 2 else [])
+        metas = items[:1] + state_metas
+        if len(metas) != (3 if cls == "LSTM" else 2) or any(m.get("kind") != "tensor" for m in metas):
+            raise Unsupported(f"{node.name}: unexpected {cls} result")
+        fn = cls.lower()
+        packed = self.g.add_value(Value(self.fresh(node.name), "list"))
         attrs = {
             "layers": layers,
+            "directions": len(directions),
             "bias": bias,
-            "hidden": int(a["hidden_size"]),
             "batch_first": bool(a.get("batch_first")),
+            "states": len(states),
         }
-        self.g.add_op(Op(LIB, "lstm", out.id, [x, *weights], attrs, origin=node.name))
-        self.g.add_value(Value(node.name, "list", const=[out.id, None]))
-        self.g.add_op(
-            Op(HOST, "tuple", node.name, [Ref(out.id), "the LSTM's final (h, c) states"], origin=node.name)
-        )
+        self.g.add_op(Op(LIB, fn, packed.id, [x, *states, *weights], attrs, origin=node.name))
+        results = []
+        for i, (meta, what) in enumerate(zip(metas, ("out", "h_n", "c_n"), strict=False)):
+            item = self.g.add_value(self.meta_value(f"{node.name}_{what}", meta))
+            self.g.add_op(Op(ITEM, "item", item.id, [Ref(packed.id), Const(i)], origin=node.name))
+            results.append(Ref(item.id))
+        state: Ref = results[1]
+        if cls == "LSTM":
+            state = Ref(self.g.add_value(Value(f"{node.name}_state", "list")).id)
+            self.g.add_op(Op(HOST, "tuple", state.id, results[1:], origin=node.name))
+        self.g.add_value(Value(node.name, "list"))
+        self.g.add_op(Op(HOST, "tuple", node.name, [results[0], state], origin=node.name))
+
+    def rnn_states(self, node: TracedNode, cls: str, hx: Any) -> list[Ref]:
+        """The initial state argument: none, h0 (GRU) or (h0, c0) (LSTM), each a float32 tensor."""
+        if hx is None or (isinstance(hx, Const) and hx.value is None):
+            return []
+        producer = self.g.producer.get(hx.id) if isinstance(hx, Ref) else None
+        if producer is not None and producer.fn == "tuple":
+            hx = producer.args  # the (h_n, c_n) state of an earlier LSTM
+        states = list(hx) if isinstance(hx, list | tuple) else [hx]
+        if len(states) != (2 if cls == "LSTM" else 1):
+            raise Unsupported(f"{node.name}: {cls} initial state {hx!r}")
+        for ref in states:
+            value = self.value(ref)
+            if value is None or value.kind != "tensor" or value.dtype != "float32":
+                raise Unsupported(f"{node.name}: {cls} initial state that is not a float32 tensor")
+        return states
 
 
 def _install_view_handlers() -> None:

@@ -1,14 +1,19 @@
-"""Recurrent layers: the host loop over time steps and the fused LSTM cell kernel, per back end.
+"""Recurrent layers (nn.LSTM, nn.GRU): the host loop over layers, directions and time steps, and the fused
+cell kernels, per back end.
 
-Per layer, the input projection of every time step is one library GEMM (with b_ih in its epilogue);
-each step then runs a library GEMM for h @ W_hh^T and one custom kernel that adds b_hh, applies the
-gate activations (i, f, g, o as in PyTorch), and updates c and h, writing h straight into the output
-sequence. Sequences stay in the caller's layout (batch- or time-major): nothing is transposed.
+Per layer and direction, the input projection of every time step is one library GEMM (with b_ih in its
+epilogue); each step then runs a library GEMM for h @ W_hh^T and one custom kernel that adds b_hh, applies
+the gate activations (LSTM: i, f, g, o; GRU: r, z, n, all as in PyTorch), and updates the state in place,
+writing h straight into its direction's half of the output sequence. Sequences stay in the caller's layout
+(batch- or time-major): nothing is transposed. The state buffers are h_n (and c_n) themselves, one
+(B, H) slice per layer and direction, so the final states cost no copy.
 """
 
 from __future__ import annotations
 
-CELL_MATH = r"""
+# `zero`: the state before this step is zero (the first step without an initial state): no recurrent
+# GEMM was run (hh is null) and the previous h and c are not read.
+LSTM_CELL_MATH = r"""
     const float* xr = xp + b * xp_stride;
     const float* hr = hh == nullptr ? nullptr : hh + b * 4 * H;
     float gate[4];
@@ -22,51 +27,108 @@ CELL_MATH = r"""
     const float fg = st_sigmoid(gate[1]);
     const float gg = tanhf(gate[2]);
     const float og = st_sigmoid(gate[3]);
-    const float cn = first ? ig * gg : fg * c[idx] + ig * gg;
+    const float cn = zero ? ig * gg : fg * c[idx] + ig * gg;
     c[idx] = cn;
     const float hn = og * tanhf(cn);
     h[idx] = hn;
     y[b * y_stride + j] = hn;
 """
 
-CELL_PARAMS = (
+LSTM_CELL_PARAMS = (
     "const float* __restrict__ xp, int64_t xp_stride, const float* __restrict__ hh, "
     "const float* __restrict__ bhh, float* __restrict__ c, float* __restrict__ h, "
-    "float* __restrict__ y, int64_t y_stride, int64_t B, int64_t H, bool first"
+    "float* __restrict__ y, int64_t y_stride, int64_t B, int64_t H, bool zero"
+)
+
+# The recurrent term of n is W_hn h + b_hn, scaled by r before it joins the input term (PyTorch's GRU).
+GRU_CELL_MATH = r"""
+    const float* xr = xp + b * xp_stride;
+    const float* hr = hh == nullptr ? nullptr : hh + b * 3 * H;
+    float rec[3];
+    for (int g = 0; g < 3; ++g) {
+      float v = hr == nullptr ? 0.0f : hr[g * H + j];
+      if (bhh != nullptr) v += bhh[g * H + j];
+      rec[g] = v;
+    }
+    const float rg = st_sigmoid(xr[j] + rec[0]);
+    const float zg = st_sigmoid(xr[H + j] + rec[1]);
+    const float ng = tanhf(xr[2 * H + j] + rg * rec[2]);
+    const float hp = zero ? 0.0f : h[idx];
+    const float hn = (1.0f - zg) * ng + zg * hp;
+    h[idx] = hn;
+    y[b * y_stride + j] = hn;
+"""
+
+GRU_CELL_PARAMS = (
+    "const float* __restrict__ xp, int64_t xp_stride, const float* __restrict__ hh, "
+    "const float* __restrict__ bhh, float* __restrict__ h, float* __restrict__ y, int64_t y_stride, "
+    "int64_t B, int64_t H, bool zero"
+)
+
+CELLS = (
+    ("lstm_cell", "one LSTM time step", LSTM_CELL_PARAMS, LSTM_CELL_MATH),
+    ("gru_cell", "one GRU time step", GRU_CELL_PARAMS, GRU_CELL_MATH),
 )
 
 HOST_LOOP = r"""
-// nn.LSTM forward (zero initial state): library GEMMs for the projections, lstm_cell for each step.
-at::Tensor stitch_lstm(const at::Tensor& x, const std::vector<at::Tensor>& w, int64_t layers, bool bias,
-                       bool batch_first) {
-  TORCH_CHECK(x.dim() == 3, "LSTM input must be 3-D");
+// nn.LSTM (4 gates) or nn.GRU (3 gates) forward -> {output, h_n[, c_n]}. An undefined h0 (and c0) is a
+// zero initial state. w holds, per layer and direction (forward, then reverse), w_ih, w_hh[, b_ih, b_hh].
+std::vector<at::Tensor> stitch_rnn(const at::Tensor& x, const std::vector<at::Tensor>& w,
+                                   const at::Tensor& h0, const at::Tensor& c0, int64_t gates, int64_t layers,
+                                   int64_t dirs, bool bias, bool batch_first) {
+  TORCH_CHECK(x.dim() == 3, "recurrent input must be 3-D");
+  const bool lstm = gates == 4;
   at::Tensor seq = x.contiguous();
   const int64_t B = batch_first ? seq.size(0) : seq.size(1);
   const int64_t T = batch_first ? seq.size(1) : seq.size(0);
-  const int per = bias ? 4 : 2;
+  const int64_t H = w[1].size(1);
+  const int64_t per = bias ? 4 : 2;
+  at::Tensor hn = at::empty({layers * dirs, B, H}, x.options());
+  at::Tensor cn = lstm ? at::empty({layers * dirs, B, H}, x.options()) : at::Tensor();
+  const bool given = h0.defined();
+  TORCH_CHECK(!lstm || c0.defined() == given, "an LSTM's initial state is both h0 and c0");
+  if (given) {
+    TORCH_CHECK(h0.sizes() == hn.sizes(), "h0 must be (layers * directions, batch, hidden)");
+    hn.copy_(h0);
+    if (lstm) {
+      TORCH_CHECK(c0.sizes() == cn.sizes(), "c0 must be (layers * directions, batch, hidden)");
+      cn.copy_(c0);
+    }
+  }
+  // Row of (b, t) in the projection and the output: b * T + t (batch-major) or t * B + b.
+  const int64_t step = batch_first ? 1 : B;
+  const int64_t per_b = batch_first ? T : 1;
   for (int64_t l = 0; l < layers; ++l) {
-    const at::Tensor& w_ih = w[l * per];
-    const at::Tensor& w_hh = w[l * per + 1];
-    const int64_t H = w_hh.size(1);
     const at::Tensor in2 = seq.reshape({B * T, seq.size(2)});
-    const at::Tensor xp = bias ? at::addmm(w[l * per + 2], in2, w_ih.t()) : at::mm(in2, w_ih.t());
-    at::Tensor y = batch_first ? at::empty({B, T, H}, x.options()) : at::empty({T, B, H}, x.options());
-    at::Tensor h = at::empty({B, H}, x.options());
-    at::Tensor c = at::empty({B, H}, x.options());
-    const float* bhh = bias ? w[l * per + 3].data_ptr<float>() : nullptr;
-    // Row of (b, t) in the projection and the output: b * T + t (batch-major) or t * B + b.
-    const int64_t step = batch_first ? 1 : B;
-    const int64_t per_b = batch_first ? T : 1;
-    for (int64_t t = 0; t < T; ++t) {
-      at::Tensor hh;
-      if (t > 0) hh = at::mm(h, w_hh.t());
-      lstm_cell_launch(xp.data_ptr<float>() + t * step * 4 * H, per_b * 4 * H,
-                       t > 0 ? hh.data_ptr<float>() : nullptr, bhh, c.data_ptr<float>(), h.data_ptr<float>(),
-                       y.data_ptr<float>() + t * step * H, per_b * H, B, H, t == 0);
+    at::Tensor y = batch_first ? at::empty({B, T, dirs * H}, x.options())
+                               : at::empty({T, B, dirs * H}, x.options());
+    for (int64_t d = 0; d < dirs; ++d) {
+      const int64_t k = (l * dirs + d) * per;
+      const at::Tensor& w_hh = w[k + 1];
+      const at::Tensor xp = bias ? at::addmm(w[k + 2], in2, w[k].t()) : at::mm(in2, w[k].t());
+      const float* bhh = bias ? w[k + 3].data_ptr<float>() : nullptr;
+      at::Tensor h = hn.select(0, l * dirs + d);
+      float* c = lstm ? cn.select(0, l * dirs + d).data_ptr<float>() : nullptr;
+      for (int64_t i = 0; i < T; ++i) {
+        const int64_t t = d == 0 ? i : T - 1 - i;
+        const bool zero = i == 0 && !given;
+        at::Tensor hh;
+        if (!zero) hh = at::mm(h, w_hh.t());
+        const float* xs = xp.data_ptr<float>() + t * step * gates * H;
+        const float* hs = zero ? nullptr : hh.data_ptr<float>();
+        float* ys = y.data_ptr<float>() + t * step * dirs * H + d * H;
+        const int64_t ys_stride = per_b * dirs * H;
+        if (lstm) {
+          lstm_cell_launch(xs, per_b * 4 * H, hs, bhh, c, h.data_ptr<float>(), ys, ys_stride, B, H, zero);
+        } else {
+          gru_cell_launch(xs, per_b * 3 * H, hs, bhh, h.data_ptr<float>(), ys, ys_stride, B, H, zero);
+        }
+      }
     }
     seq = y;
   }
-  return seq;
+  if (lstm) return {seq, hn, cn};
+  return {seq, hn};
 }
 """
 
@@ -77,53 +139,58 @@ def _loop(custom: bool) -> str:
     return HOST_LOOP.replace("at::addmm(", "stitch_addmm(").replace("at::mm(", "stitch_mm(")
 
 
-def cpu_helper(*, custom: bool = False) -> str:
-    return (
-        "\n".join(
-            [
-                "// lstm_cell: one LSTM time step for every (batch, hidden) element.",
-                f"static void lstm_cell_launch({CELL_PARAMS}) {{",
-                "  at::parallel_for(0, B * H, 4096, [&](int64_t i0, int64_t i1) {",
-                "  for (int64_t idx = i0; idx < i1; ++idx) {",
-                "    const int64_t b = idx / H;",
-                "    const int64_t j = idx - b * H;",
-                CELL_MATH.rstrip(),
-                "  }",
-                "  });",
-                "}",
-            ]
-        )
-        + "\n"
-        + _loop(custom)
+def _cpu_cell(name: str, what: str, params: str, math: str) -> str:
+    return "\n".join(
+        [
+            f"// {name}: {what} for every (batch, hidden) element.",
+            f"static void {name}_launch({params}) {{",
+            "  at::parallel_for(0, B * H, 4096, [&](int64_t i0, int64_t i1) {",
+            "  for (int64_t idx = i0; idx < i1; ++idx) {",
+            "    const int64_t b = idx / H;",
+            "    const int64_t j = idx - b * H;",
+            math.rstrip(),
+            "  }",
+            "  });",
+            "}",
+        ]
     )
 
 
-def cuda_device() -> str:
-    """The LSTM cell kernel and its raw-pointer launcher: the CUDA translation unit's part."""
+def _cuda_cell(name: str, what: str, params: str, math: str) -> str:
+    args = ", ".join(p.split()[-1] for p in params.split(","))
     return "\n".join(
         [
-            "// lstm_cell: one LSTM time step, one thread per (batch, hidden) element.",
-            f"__global__ void __launch_bounds__(256) lstm_cell_kernel({CELL_PARAMS}) {{",
+            f"// {name}: {what}, one thread per (batch, hidden) element.",
+            f"__global__ void __launch_bounds__(256) {name}_kernel({params}) {{",
             "  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;",
             "       idx < B * H;",
             "       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {",
             "    const int64_t b = idx / H;",
             "    const int64_t j = idx - b * H;",
-            CELL_MATH.rstrip(),
+            math.rstrip(),
             "  }",
             "}",
             "",
-            f"static void lstm_cell_launch({CELL_PARAMS}) {{",
+            f"static void {name}_launch({params}) {{",
             "  const int64_t n = B * H;",
             "  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, 4096));",
-            "  lstm_cell_kernel<<<blocks, 256, 0, stitch::current_stream()>>>(",
-            "      xp, xp_stride, hh, bhh, c, h, y, y_stride, B, H, first);",
+            f"  {name}_kernel<<<blocks, 256, 0, stitch::current_stream()>>>({args});",
             "  STITCH_LAUNCH_CHECK();",
             "}",
         ]
     )
 
 
+def cpu_helper(*, custom: bool = False) -> str:
+    """Both cells and the host loop: the CPU translation unit's part."""
+    return "\n\n".join([*(_cpu_cell(*cell) for cell in CELLS), _loop(custom)])
+
+
+def cuda_device() -> str:
+    """The cell kernels and their raw-pointer launchers: the CUDA translation unit's part."""
+    return "\n\n".join(_cuda_cell(*cell) for cell in CELLS)
+
+
 def cuda_host(*, custom: bool = False) -> str:
-    """The LSTM's time loop over the cell launcher: the host translation unit's part."""
+    """The time loop over the cell launchers: the host translation unit's part."""
     return _loop(custom)

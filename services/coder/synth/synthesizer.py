@@ -193,7 +193,7 @@ def within_policy(variant: Variant, policy: KernelPolicy) -> Variant:
 
 
 # Library steps of a program -> the ATen op its code calls (the family follows from the policy's table).
-_LIBRARY_OP = {"lstm": "addmm", "sdpa": "scaled_dot_product_attention"}
+_LIBRARY_OP = {"lstm": "addmm", "gru": "addmm", "sdpa": "scaled_dot_product_attention"}
 
 
 def library_families(library: list[str], variant: Variant, policy: KernelPolicy) -> list[str]:
