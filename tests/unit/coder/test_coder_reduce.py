@@ -1,0 +1,116 @@
+"""Reductions of the built-in Coder: every layout (innermost, outermost, middle, several dims, everything)
+gets its CUDA kernel kind and compiles with nvcc; the CPU back end computes each within fp32 rounding of a
+float64 evaluation, a sum over 10^7 elements included."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from reduce_problems import SMALL, layouts
+from test_coder_cuda_build import NVCC
+from torch.utils.cpp_extension import load
+
+from stitchcuda.coder.synth.synthesizer import Synthesizer
+from stitchcuda.coder.synth.variants import Variant
+
+# What each layout's kernels.cu must hold: the column kernel (tiles of outputs, the reduced extent across
+# warps, an ordered combine of block partials) or the grid-wide passes of few long rows.
+MARKERS = {
+    "inner": ["_levels(", "block_allreduce"],
+    "middle": ["template <bool SIMPLE>", "_combine<<<"],
+    "outer": ["template <bool SIMPLE>", "_combine<<<"],
+    "several": ["template <bool SIMPLE>", "stitch::col_off<int64_t>"],
+    "total": ["_levels(", "_combine1<<<", "_combine2<<<", "_store<4>"],
+}
+
+
+@pytest.fixture(scope="module")
+def synth() -> Synthesizer:
+    return Synthesizer(in_process=True)  # the references are this test's own
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("name", list(SMALL))
+def test_cuda_kernels_of_each_layout_compile(synth: Synthesizer, name: str, tmp_path: Path) -> None:
+    assert NVCC is not None
+    synthesis = synth.synthesize(SMALL[name], None, variant=Variant(), device="cuda")
+    kernels = synthesis.files["kernels.cu"]
+    for marker in MARKERS[name]:
+        assert marker in kernels, f"{name}: {marker!r} missing"
+    # No reduction is left to ATen: every output is a kernel of the program.
+    assert not any(f"at::{fn}(" in synthesis.files["forward.cpp"] for fn in ("sum", "amax", "argmax", "norm"))
+    for path, content in synthesis.files.items():
+        (tmp_path / path).write_text(content)
+    done = subprocess.run(
+        [NVCC, "-c", str(tmp_path / "kernels.cu"), "-o", str(tmp_path / "kernels.o"), "-O3", "-std=c++17",
+         "--expt-relaxed-constexpr", "-gencode=arch=compute_90,code=sm_90", "--compiler-options", "-fPIC"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_split_off_variant_keeps_one_block_per_row(synth: Synthesizer) -> None:
+    kernels = synth.synthesize(SMALL["total"], None, variant=Variant(split="off"), device="cuda").files
+    assert "_levels(" not in kernels["kernels.cu"]
+    middle = synth.synthesize(SMALL["middle"], None, variant=Variant(split="off"), device="cuda").files
+    assert "_combine<<<" not in middle["kernels.cu"] and "template <bool SIMPLE>" in middle["kernels.cu"]
+
+
+def build_cpu(synth: Synthesizer, source: str) -> dict[str, Any]:
+    synthesis = synth.synthesize(source, None, variant=Variant(), device="cpu")
+    ext_name = synthesis.build.extension_name
+    root = (
+        Path(os.environ.get("STITCH_TEST_BUILD_DIR", Path.home() / ".cache" / "stitchcuda-tests")) / ext_name
+    )
+    root.mkdir(parents=True, exist_ok=True)
+    for path, content in synthesis.files.items():
+        target = root / path
+        if not target.exists() or target.read_text() != content:
+            target.write_text(content)
+    sys.modules[ext_name] = load(
+        name=ext_name,
+        sources=[str(root / s) for s in synthesis.build.sources],
+        extra_cflags=list(synthesis.build.cflags),
+        extra_ldflags=list(synthesis.build.ldflags),
+        build_directory=str(root),
+    )
+    mn: dict[str, Any] = {"__name__": "model_new"}
+    exec(compile(synthesis.files["model_new.py"], "model_new.py", "exec"), mn)
+    return mn
+
+
+def assert_matches(source: str, mn: dict[str, Any], tolerance: float) -> None:
+    ns: dict[str, Any] = {"__name__": "reference"}
+    exec(compile(source, "reference.py", "exec"), ns)
+    ref, new = ns["Model"](), mn["ModelNew"]()
+    torch.manual_seed(5)
+    inputs = ns["get_inputs"]()
+    with torch.no_grad():
+        want = ref(*[x.double() for x in inputs])
+        got = new(*inputs)
+    for j, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g.shape == w.shape, f"output {j}: shape {tuple(g.shape)} != {tuple(w.shape)}"
+        if w.dtype == torch.int64:
+            assert torch.equal(g, w), f"output {j}: indices differ"
+        else:
+            rel = ((g.double() - w).norm() / w.norm()).item()
+            assert rel < tolerance, f"output {j}: relative L2 error {rel:.2e}"
+
+
+@pytest.mark.parametrize("name", ["middle", "total"])
+def test_cpu_back_end_matches_a_float64_evaluation(synth: Synthesizer, name: str) -> None:
+    assert_matches(SMALL[name], build_cpu(synth, SMALL[name]), 1e-5)
+
+
+def test_cpu_sum_over_ten_million_elements_keeps_fp32_accuracy(synth: Synthesizer) -> None:
+    # All-positive values: a float accumulator drifts by ~1e-4 relative here, a blocked or double one not.
+    source = layouts("(1, 1, 3)", "(1, 1, 3)", "(1, 1, 3)", "(1, 1, 3, 3)", "(10, 1000, 1000).abs() + 1")[
+        "total"
+    ]
+    assert_matches(source, build_cpu(synth, source), 1e-6)
