@@ -30,9 +30,14 @@ def synth() -> Synthesizer:
 
 
 def build(synth: Synthesizer, name: str, variant: Variant):  # type: ignore[no-untyped-def]
+    source = (PROBLEMS / f"{name}.py").read_text()
+    return source, build_source(synth, source, variant)
+
+
+def build_source(synth: Synthesizer, source: str, variant: Variant):  # type: ignore[no-untyped-def]
+    """Synthesizes and builds the CUDA program of a reference (strict policy); returns the synthesis."""
     from torch.utils.cpp_extension import load
 
-    source = (PROBLEMS / f"{name}.py").read_text()
     synthesis = synth.synthesize(source, None, variant=variant, device="cuda")
     ext_name = synthesis.build.extension_name
     root = (
@@ -50,7 +55,7 @@ def build(synth: Synthesizer, name: str, variant: Variant):  # type: ignore[no-u
         build_directory=str(root),
     )
     sys.modules[ext_name] = ext
-    return source, synthesis
+    return synthesis
 
 
 def compare(source: str, model_new: str) -> None:

@@ -1,0 +1,84 @@
+"""The synthesizer's own convolution kernels and einsum GEMMs on a GPU (strict policy): 3-D convolutions and
+transposed 1-D/2-D/3-D convolutions over strides, paddings, output paddings, dilations and groups, with
+outputs larger than one pass of the grid-stride loop, each within 1e-5 (relative L2) of a float64
+evaluation of the reference on fresh and shifted inputs."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_synth_gpu import build_source, compare  # noqa: E402
+
+from stitchcuda.coder.synth.synthesizer import Synthesizer  # noqa: E402
+from stitchcuda.coder.synth.variants import Variant  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def problem(layer: str, inputs: str, forward: str = "self.layer(x)", args: str = "x") -> str:
+    return (
+        "import torch\nimport torch.nn as nn\n\n"
+        "class Model(nn.Module):\n"
+        f"    def __init__(self):\n        super().__init__()\n        self.layer = {layer}\n\n"
+        f"    def forward(self, {args}):\n        return {forward}\n\n"
+        f"def get_inputs():\n    return {inputs}\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+
+
+PROBLEMS = {
+    "conv3d_strided_dilated": problem(
+        "nn.Conv3d(8, 16, (3, 5, 3), stride=(1, 2, 1), padding=(1, 2, 0), dilation=(2, 1, 1))",
+        "[torch.randn(2, 8, 13, 33, 35)]",
+    ),
+    "conv3d_grouped_same": problem(
+        "nn.Conv3d(8, 12, (2, 3, 4), padding='same', groups=4, bias=False)", "[torch.randn(3, 8, 9, 17, 31)]"
+    ),
+    "conv_transpose1d": problem(
+        "nn.ConvTranspose1d(16, 8, 5, stride=3, padding=2, output_padding=1, dilation=2, groups=2)",
+        "[torch.randn(8, 16, 4099)]",
+    ),
+    "conv_transpose2d": problem(
+        "nn.ConvTranspose2d(16, 24, (3, 5), stride=(2, 3), padding=(1, 2), output_padding=(1, 2), "
+        "dilation=(2, 1), groups=4)",
+        "[torch.randn(4, 16, 37, 41)]",
+    ),
+    "conv_transpose2d_no_bias": problem(
+        "nn.ConvTranspose2d(32, 16, 3, padding=1, bias=False)", "[torch.randn(2, 32, 65, 127)]"
+    ),
+    "conv_transpose3d": problem(
+        "nn.ConvTranspose3d(8, 16, (3, 5, 7), stride=2, padding=(1, 2, 3), output_padding=1, groups=4)",
+        "[torch.randn(2, 8, 7, 13, 21)]",
+    ),
+    "conv_transpose3d_relu": problem(
+        "nn.ConvTranspose3d(16, 8, 3, stride=(1, 2, 2), padding=1, dilation=(2, 1, 1))",
+        "[torch.randn(2, 16, 9, 15, 17)]",
+        forward="torch.relu(self.layer(x)) * 0.5",
+    ),
+    "einsum_4d_matmul": problem(
+        "nn.Identity()",
+        "[torch.randn(4, 33, 65, 96), torch.randn(96, 130)]",
+        forward="torch.einsum('bijl,lk->bijk', a, w)",
+        args="a, w",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def synth() -> Synthesizer:
+    return Synthesizer(in_process=True)  # the references above are this test's own
+
+
+@pytest.mark.parametrize("name", list(PROBLEMS))
+def test_own_convolution_and_einsum_kernels_match(synth: Synthesizer, name: str) -> None:
+    source = PROBLEMS[name]
+    synthesis = build_source(synth, source, Variant())
+    host = synthesis.files["forward.cpp"]
+    assert "stitch_conv(" in host or "stitch_einsum_gemm(" in host
+    assert "at::conv" not in host and "at::einsum" not in host
+    compare(source, synthesis.files["model_new.py"])
