@@ -114,3 +114,46 @@ def test_cpu_sum_over_ten_million_elements_keeps_fp32_accuracy(synth: Synthesize
         "total"
     ]
     assert_matches(source, build_cpu(synth, source), 1e-6)
+
+
+def bench() -> Any:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "reduce_bandwidth.py"
+    spec = importlib.util.spec_from_file_location("reduce_bandwidth", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_problems_are_kernelbench_programs_at_level_one_sizes() -> None:
+    rb = bench()
+    assert {s.layout for s in rb.SPECS} >= {"inner", "middle", "outer", "total"}
+    assert any(s.shape == (128, 4096, 4095) for s in rb.SPECS)
+    for s in rb.SPECS:
+        src = rb.source(s, scale=1e-4)
+        ns: dict[str, Any] = {"__name__": "reference"}
+        exec(compile(src, f"{s.name}.py", "exec"), ns)
+        (x,) = ns["get_inputs"]()
+        assert x.dim() == len(s.shape) and x.numel() < 10**7, s.name
+        assert ns["Model"](*ns["get_init_inputs"]())(x).isfinite().any(), s.name
+    assert rb.scaled((128, 4096, 4095), 0.5) == (128, 2048, 4095)
+
+
+def test_benchmark_arguments() -> None:
+    rb = bench()
+    args = rb.parse_args(["--out", "r.json", "--only", "sum_middle", "frobenius", "--no-compile"])
+    assert args.out == Path("r.json") and args.only == ["sum_middle", "frobenius"] and args.no_compile
+    with pytest.raises(SystemExit):
+        rb.parse_args(["--only", "no_such_problem"])
+    with pytest.raises(SystemExit):
+        rb.parse_args(["--scale", "2"])
+
+
+def test_benchmark_without_a_gpu_fails_with_a_clear_message() -> None:
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "reduce_bandwidth.py"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr
