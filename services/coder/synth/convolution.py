@@ -119,21 +119,26 @@ static void stitch_conv_launch(const float* x, const float* w, const float* bias
 """.replace("__WEIGHT__", _WEIGHT)
 
 CUDA = r"""
-// Direct convolution and its transpose (CUDA): one thread per output element, summed in float. Threads of a
-// warp share an output channel (width is the fastest index), so each weight load is a broadcast; the
-// validity of a tap is decided once per tap, outside the loop over input channels.
-template <bool kTransposed>
+// Direct convolution and its transpose (CUDA): one thread per kCo output channels of one output position,
+// summed in float, so each input load feeds kCo FMAs. Threads of a warp share their output channels (width
+// is the fastest index), so each weight load is a broadcast; a tap's validity is decided once, outside the
+// loop over input channels.
+template <bool kTransposed, int kCo>
 __global__ void __launch_bounds__(256) stitch_conv_kernel(const float* __restrict__ x,
     const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y, ConvGeom g) {
-__WEIGHT__  const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2];
-  const int64_t total = g.n * g.co * OD * OH * OW;
+__WEIGHT__  const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2], plane = OD * OH * OW;
+  const int64_t blocks_co = g.co / kCo, total = g.n * blocks_co * plane;
+  // Weight step between consecutive output channels of one group.
+  const int64_t co_step = kTransposed ? taps : cg * taps;
   for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;
        o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t ow = o % OW, oh = (o / OW) % OH, od = (o / (OW * OH)) % OD;
-    const int64_t co = (o / (OW * OH * OD)) % g.co, n = o / (OW * OH * OD * g.co);
-    const float* xg = x + (n * g.c + (co / cog) * cg) * in_plane;
-    const float* wg = w + weight_base(co);
-    float s = bias != nullptr ? __ldg(bias + co) : 0.f;
+    const int64_t pos = o % plane, ow = pos % OW, oh = (pos / OW) % OH, od = pos / (OW * OH);
+    const int64_t co0 = (o / plane) % blocks_co * kCo, n = o / (plane * blocks_co);
+    const float* xg = x + (n * g.c + (co0 / cog) * cg) * in_plane;
+    const float* wg = w + weight_base(co0);
+    float s[kCo];
+#pragma unroll
+    for (int j = 0; j < kCo; ++j) s[j] = bias != nullptr ? __ldg(bias + co0 + j) : 0.f;
     for (int64_t kd = 0; kd < g.k[0]; ++kd) {
       const int64_t id = conv_source<kTransposed>(g, 0, od, kd);
       if (id < 0) continue;
@@ -145,25 +150,37 @@ __WEIGHT__  const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2];
           if (iw < 0) continue;
           const float* xp = xg + (id * g.in[1] + ih) * g.in[2] + iw;
           const float* wp = wg + (kd * g.k[1] + kh) * g.k[2] + kw;
-          for (int64_t ci = 0; ci < cg; ++ci) s = fmaf(xp[ci * in_plane], __ldg(wp + ci * w_step), s);
+          for (int64_t ci = 0; ci < cg; ++ci) {
+            const float xv = xp[ci * in_plane];
+#pragma unroll
+            for (int j = 0; j < kCo; ++j) s[j] = fmaf(xv, __ldg(wp + j * co_step + ci * w_step), s[j]);
+          }
         }
       }
     }
-    y[o] = s;
+#pragma unroll
+    for (int j = 0; j < kCo; ++j) y[(n * g.co + co0 + j) * plane + pos] = s[j];
   }
+}
+
+template <bool kTransposed, int kCo>
+static void stitch_conv_run(const float* x, const float* w, const float* bias, float* y, const ConvGeom& g) {
+  const int64_t total = g.n * (g.co / kCo) * g.out[0] * g.out[1] * g.out[2];
+  if (total == 0) return;
+  const int64_t blocks = std::min<int64_t>((total + 255) / 256, static_cast<int64_t>(sm_count()) * 8);
+  stitch_conv_kernel<kTransposed, kCo><<<blocks, 256, 0, stitch::current_stream()>>>(x, w, bias, y, g);
+  STITCH_LAUNCH_CHECK();
 }
 
 static void stitch_conv_launch(const float* x, const float* w, const float* bias, float* y,
                                const int64_t* geom, bool transposed) {
   const ConvGeom g = conv_geom(geom);
-  const int64_t total = g.n * g.co * g.out[0] * g.out[1] * g.out[2];
-  if (total == 0) return;
-  const int64_t blocks = std::min<int64_t>((total + 255) / 256, static_cast<int64_t>(sm_count()) * 8);
+  // Four output channels a thread where a group's channels split evenly (always, for the usual widths).
+  const bool blocked = (g.co / g.groups) % 4 == 0;
   if (transposed)
-    stitch_conv_kernel<true><<<blocks, 256, 0, stitch::current_stream()>>>(x, w, bias, y, g);
+    blocked ? stitch_conv_run<true, 4>(x, w, bias, y, g) : stitch_conv_run<true, 1>(x, w, bias, y, g);
   else
-    stitch_conv_kernel<false><<<blocks, 256, 0, stitch::current_stream()>>>(x, w, bias, y, g);
-  STITCH_LAUNCH_CHECK();
+    blocked ? stitch_conv_run<false, 4>(x, w, bias, y, g) : stitch_conv_run<false, 1>(x, w, bias, y, g);
 }
 """.replace("__WEIGHT__", _WEIGHT)
 

@@ -219,3 +219,76 @@ def test_compiled_cpu_program_matches_the_reference(synth: Synthesizer, name: st
             assert g.dtype == torch.float32 and g.shape == w.shape, (i, g.shape, w.shape)
             rel = ((g.double() - w).norm() / w.norm()).item()
             assert rel < 1e-5, f"{name} output {i}: relative L2 error {rel:.2e}"
+
+
+# The CUDA kernel's text compiled for the CPU: CUDA's built-ins shimmed, one "thread" walking the whole
+# grid-stride loop. No GPU here, so this is where its indexing (channel blocks, groups, the gather form of
+# the transpose) is checked against torch; tests/gpu/test_synth_conv_gpu.py runs it on a device.
+CUDA_ON_CPU = r"""
+#include <torch/extension.h>
+#include <cmath>
+#define __global__
+#define __launch_bounds__(n)
+#define STITCH_HD inline
+struct StitchDim { unsigned x; };
+static const StitchDim blockIdx{0}, threadIdx{0}, gridDim{1}, blockDim{1};
+static inline float __ldg(const float* p) { return *p; }
+__COMMON__
+__KERNEL__
+template <bool kTransposed>
+static void stitch_conv_emulated(const float* x, const float* w, const float* bias, float* y, const ConvGeom& g) {
+  if ((g.co / g.groups) % 4 == 0)
+    stitch_conv_kernel<kTransposed, 4>(x, w, bias, y, g);
+  else
+    stitch_conv_kernel<kTransposed, 1>(x, w, bias, y, g);
+}
+static void stitch_conv_launch(const float* x, const float* w, const float* bias, float* y,
+                               const int64_t* geom, bool transposed) {
+  const ConvGeom g = conv_geom(geom);
+  transposed ? stitch_conv_emulated<true>(x, w, bias, y, g) : stitch_conv_emulated<false>(x, w, bias, y, g);
+}
+__HOST__
+"""
+
+# (transposed, x shape, weight shape, stride, padding, output_padding, dilation, groups, bias)
+GEOMETRIES = [
+    (False, (2, 4, 5, 7, 9), (8, 2, 3, 2, 3), (1, 2, 1), (1, 0, 2), (0, 0, 0), (2, 1, 1), 2, True),
+    (False, (2, 6, 9, 11), (3, 6, 3, 3), (2, 2), (1, 1), (0, 0), (1, 1), 1, False),
+    (True, (2, 4, 7), (4, 4, 3), (3,), (1,), (2,), (2,), 2, True),
+    (True, (2, 4, 5, 6), (4, 3, 3, 5), (2, 3), (1, 2), (1, 0), (2, 1), 2, False),
+    (True, (1, 8, 3, 4, 5), (8, 4, 3, 2, 3), (2, 2, 1), (1, 0, 1), (1, 1, 0), (1, 1, 2), 2, True),
+]
+
+
+@pytest.mark.slow
+def test_cuda_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path) -> None:
+    from stitchcuda.coder.synth import convolution
+
+    kernel = convolution.CUDA.split("template <bool kTransposed, int kCo>\nstatic void stitch_conv_run")[0]
+    source = (
+        CUDA_ON_CPU.replace("__COMMON__", convolution.COMMON)
+        .replace("__KERNEL__", kernel)
+        .replace("__HOST__", convolution.HOST)
+    )
+    ext = cpp_extension.load_inline(  # type: ignore[no-untyped-call]
+        name="stitch_conv_cuda_on_cpu",
+        cpp_sources=[source],
+        functions=["stitch_conv"],
+        extra_cflags=["-O1"],
+        build_directory=str(tmp_path),
+    )
+    functional = torch.nn.functional
+    for transposed, xs, ws, stride, pad, out_pad, dil, groups, has_bias in GEOMETRIES:
+        x, w = torch.randn(xs), torch.randn(ws)
+        co = ws[1] * groups if transposed else ws[0]
+        b = torch.randn(co) if has_bias else None
+        nd = len(ws) - 2
+        got = ext.stitch_conv(x, w, b, stride, pad, pad, dil, out_pad, groups, transposed)
+        x64, w64, b64 = x.double(), w.double(), b.double() if b is not None else None
+        if transposed:
+            conv_t = getattr(functional, f"conv_transpose{nd}d")
+            want = conv_t(x64, w64, b64, stride, pad, out_pad, groups, dil)
+        else:
+            want = getattr(functional, f"conv{nd}d")(x64, w64, b64, stride, pad, dil, groups)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
