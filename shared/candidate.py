@@ -218,6 +218,8 @@ def export_standalone(candidate: code_pb2.Candidate) -> str:
     """model_new.py rewritten to build its own extension from sources embedded in the file."""
     files = file_map(candidate)
     entry = files[candidate.entry or ENTRY]
+    if not builds(candidate):
+        return entry  # a Triton candidate is self-contained already: its kernels compile on first launch
     name = candidate.build.extension_name
     embedded = {src: files[src] for src in candidate.build.sources}
     # Headers the sources include travel with them.

@@ -40,6 +40,7 @@ TOOLCHAIN = {
     "g++",
     "gcc",
     "cc",
+    "clang",
     "file",
     "ldconfig",
     "cicc",

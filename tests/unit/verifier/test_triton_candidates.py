@@ -6,7 +6,13 @@ from pathlib import Path
 import pytest
 
 from stitchcuda.api.v1 import verify_pb2
-from stitchcuda.shared.candidate import builds, from_kernelbench_source, read_dir, validate
+from stitchcuda.shared.candidate import (
+    builds,
+    export_standalone,
+    from_kernelbench_source,
+    read_dir,
+    validate,
+)
 from stitchcuda.shared.errors import InvalidRequest
 from stitchcuda.verifier.accounting import account
 from stitchcuda.verifier.static import scan
@@ -119,6 +125,17 @@ def test_an_unused_kernel_and_a_torch_forward_are_rejected():
             "import triton.language as tl\n\ntorch.backends.cuda.matmul.allow_tf32 = True\n",
             "D11.global-state",
         ),
+        (
+            'tl.dot(a, b, input_precision="ieee")',
+            "tl.dot(a.to(tl.float16), b.to(tl.float16))",
+            "D11.precision",
+        ),
+        ('input_precision="ieee"', 'input_precision="tf32x3"', "D11.precision"),
+        (
+            "import triton.language as tl\n",
+            "import triton.language as tl\n\ntorch.set_float32_matmul_precision('high')\n",
+            "D11.global-state",
+        ),
     ],
 )
 def test_precision_downgrades_are_rejected(old, new, rule):
@@ -160,3 +177,20 @@ def test_a_triton_launch_counts_as_the_candidates_own_kernel_whatever_its_name()
     origins = [(k.name, k.origin, k.calls) for k in acc.kernels]
     # The launch inside the Triton range is custom; the same-named launch outside it is not.
     assert ("gemm_kernel", "custom", 1) in origins and ("gemm_kernel", "library", 1) in origins
+
+
+def test_a_launch_in_try_with_a_torch_handler_is_rejected():
+    source = gated("True", "return out")
+    launch = f"            {LAUNCH}\n"
+    handled = (
+        "            try:\n"
+        f"                {LAUNCH}\n"
+        "            except Exception:\n"
+        "                return torch.softmax(x, dim=-1)\n"
+    )
+    assert launch in source
+    assert "D11.fallback" in rejects(source.replace(launch, handled), SOFTMAX_REF)
+
+
+def test_a_triton_candidate_exports_as_itself():
+    assert export_standalone(from_kernelbench_source(HONEST_SOFTMAX, backend="cuda")) == HONEST_SOFTMAX
