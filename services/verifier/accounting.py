@@ -142,6 +142,9 @@ def account(events: list[dict[str, Any]], token: str, device: str, symbols: set[
     if not forwards:
         return Accounting(note="the profiled call left no trace")
     custom_spans = [e for e in spans if e["name"] != f"{token}::{CALL_SPAN}"]
+    # A Triton kernel compiles to a kernel of its jit function's name: a known symbol of the candidate's
+    # (for kernels whose launch the trace did not record), as the `__global__` names of its sources are.
+    symbols = symbols | {n.split(TRITON_SPAN, 1)[1] for s in custom_spans if TRITON_SPAN in (n := s["name"])}
     results = []
     for forward in forwards[: 1 if device == "cuda" else None]:
         lo, hi = forward["ts"], forward["ts"] + forward["dur"]

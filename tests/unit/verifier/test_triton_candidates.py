@@ -194,3 +194,28 @@ def test_a_launch_in_try_with_a_torch_handler_is_rejected():
 
 def test_a_triton_candidate_exports_as_itself():
     assert export_standalone(from_kernelbench_source(HONEST_SOFTMAX, backend="cuda")) == HONEST_SOFTMAX
+
+
+def test_a_triton_kernel_without_a_recorded_launch_is_known_by_its_jit_name():
+    token = "sc0123"
+    events = [
+        {"cat": "user_annotation", "name": f"{token}::<profiled call>", "ts": 0.0, "dur": 100.0, "tid": "1"},
+        {
+            "cat": "user_annotation",
+            "name": f"{token}::triton::softmax_kernel",
+            "ts": 10.0,
+            "dur": 20.0,
+            "tid": "1",
+        },
+        {
+            "cat": "kernel",
+            "name": "softmax_kernel",
+            "ts": 40.0,
+            "dur": 50.0,
+            "correlation": None,
+            "stream": 7,
+        },
+        {"cat": "kernel", "name": "other_kernel", "ts": 90.0, "dur": 5.0, "correlation": None, "stream": 7},
+    ]
+    origins = {k.name: k.origin for k in account(events, token, "cuda", set()).kernels}
+    assert origins == {"softmax_kernel": "custom", "other_kernel": "torch"}
