@@ -808,7 +808,12 @@ def main() -> None:
         model_cls = getattr(module, "ModelNew", None)
         if model_cls is None:
             raise AttributeError("model_new.py does not define ModelNew")
-        own = [m for m in list(sys.modules.values()) if _under(getattr(m, "__file__", None), roots["cand"])]
+        # The candidate's modules (model_new and what it imports from its folder) hold its Triton kernels.
+        own = [
+            m
+            for m in list(sys.modules.values())
+            if _under(getattr(m, "__dict__", {}).get("__file__"), roots["cand"])
+        ]
         triton_launch.wrap_kernels(own, token, custom_calls, prof_on, record_function)
     except BaseException as exc:
         fault("import", exc)

@@ -4,6 +4,7 @@ run goes through. Skipped where triton is not installed (it is in the dev extra)
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,18 @@ def test_the_triton_cache_is_private_to_the_run(service: VerifierService, tmp_pa
     )
     verdict = verify(service, KERNEL + probe)
     assert verdict.correct, verdict.feedback
+
+
+def test_stitchcuda_verify_names_the_triton_format(tmp_path: Path, monkeypatch, capsys):
+    from stitchcuda.verifier.cli import main
+
+    monkeypatch.setenv("STITCH_HOME", str(tmp_path))
+    (tmp_path / "ref.py").write_text(REFERENCE)
+    (tmp_path / "cand.py").write_text(KERNEL + LAUNCH)
+    args = [str(tmp_path / "ref.py"), str(tmp_path / "cand.py"), "--device", "cpu", "--no-compile-baseline"]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["format"] == "triton: 1 @triton.jit kernel (softmax_kernel)" and out["accepted"] is True
+    (tmp_path / "cand.py").write_text("import torch\nimport triton\n\nclass ModelNew:\n    pass\n")
+    assert main(args) == 2
+    assert "@triton.jit" in capsys.readouterr().err
