@@ -175,9 +175,11 @@ def test_cuda_sources_compile(synth: Synthesizer, tmp_path: Path) -> None:
     assert host.returncode == 0, out[-3000:]
 
 
-def build_cpu(synth: Synthesizer, source: str) -> dict[str, object]:
+def build_cpu(synth: Synthesizer, source: str, variant: Variant) -> dict[str, object]:
     """Builds the strict CPU program of `source` with the real compiler; returns model_new's namespace."""
-    synthesis = synth.synthesize(source, None, variant=Variant(), device="cpu")
+    synthesis = synth.synthesize(source, None, variant=variant, device="cpu")
+    if variant.conv_bias == "library":  # the bias inside the convolution call, added in its store
+        assert re.search(r"stitch_conv\(T_\w+, T_\w+, c10::optional", synthesis.files["forward.cpp"])
     name = synthesis.build.extension_name
     root = Path(os.environ.get("STITCH_TEST_BUILD_DIR", Path.home() / ".cache" / "stitchcuda-tests")) / name
     root.mkdir(parents=True, exist_ok=True)
@@ -197,10 +199,13 @@ def build_cpu(synth: Synthesizer, source: str) -> dict[str, object]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(PROBLEMS))
-def test_compiled_cpu_program_matches_the_reference(synth: Synthesizer, name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "variant"),
+    [(name, Variant()) for name in PROBLEMS] + [("transposed", Variant(conv_bias="library"))],
+)
+def test_compiled_cpu_program_matches_the_reference(synth: Synthesizer, name: str, variant: Variant) -> None:
     source = PROBLEMS[name]
-    mn = build_cpu(synth, source)
+    mn = build_cpu(synth, source, variant)
     ns: dict[str, object] = {"__name__": "reference"}
     exec(compile(source, "reference.py", "exec"), ns)
     torch.manual_seed(0)
