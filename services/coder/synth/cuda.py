@@ -25,7 +25,7 @@ from stitchcuda.coder.synth.codegen import (
 )
 from stitchcuda.coder.synth.cpu import indent, launch_lines
 from stitchcuda.coder.synth.cuda_columns import column_kernel
-from stitchcuda.coder.synth.cuda_levels import split_levels
+from stitchcuda.coder.synth.cuda_levels import BLOCK_GROUP, split_levels
 from stitchcuda.coder.synth.fusion import Program
 from stitchcuda.coder.synth.ir import Attr, Ref, Unsupported
 from stitchcuda.coder.synth.runtime import HEADER_NAME, operator_includes
@@ -60,6 +60,18 @@ __device__ __forceinline__ T block_allreduce(T v, F combine, T* smem) {
   T total = smem[0];
   for (int w = 1; w < nwarps; ++w) total = combine(total, smem[w]);
   return total;
+}
+
+// WARP: the lanes of a warp combine by shuffles alone (a warp per row); otherwise the whole block.
+template <bool WARP, typename T, typename F>
+__device__ __forceinline__ T group_allreduce(T v, F combine, T* smem) {
+  if constexpr (WARP) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = combine(v, shfl_xor(v, o));
+    return v;
+  } else {
+    return block_allreduce<T>(v, combine, smem);
+  }
 }
 
 __device__ __forceinline__ float lane4(const float4& f, int l) {
@@ -328,7 +340,10 @@ class CudaKernels:
                 for i in info.general
             ]
 
-        accs = {r.op.out: acc_type(r.op.fn, self.variant.acc, default_double=False) for r in info.reductions}
+        # Single-pass reductions (a sum, a norm) accumulate in double: a lane may add 10^4 elements of a row,
+        # and memory-bound, the FP64 adds are free. A softmax's or a norm's passes keep float registers.
+        single = info.max_level == 1 and k.root_level == "row"
+        accs = {r.op.out: acc_type(r.op.fn, self.variant.acc, default_double=single) for r in info.reductions}
         # Row caching (CACHED=true): each thread keeps the float4s of the contiguous operands it loaded
         # in the first pass that reads them, in registers, and later passes reuse them instead of reading
         # the row again. Valid when cols <= threads * 4 * RCACHE (checked on the host).
@@ -354,7 +369,7 @@ class CudaKernels:
             return [
                 "#pragma unroll",
                 f"for (int it = 0; it < {k.name}_RCACHE; ++it) {{",
-                "  const int64_t c0 = threadIdx.x * 4 + static_cast<int64_t>(it) * blockDim.x * 4;",
+                "  const int64_t c0 = tid * 4 + static_cast<int64_t>(it) * nthr * 4;",
                 "  if (c0 < cols) {",
                 *indent(loads, 4),
                 *indent(head, 4),
@@ -392,7 +407,7 @@ class CudaKernels:
                 "if constexpr (VEC == 4) {",
                 # Unrolled so that each thread keeps several independent loads in flight.
                 "#pragma unroll 4",
-                f"  for (int64_t c0 = {c_begin} + threadIdx.x * 4; c0 < {c_end}; c0 += blockDim.x * 4) {{",
+                f"  for (int64_t c0 = {c_begin} + tid * 4; c0 < {c_end}; c0 += nthr * 4) {{",
                 *indent(vec_loads_here, 4),
                 "#pragma unroll",
                 "    for (int l = 0; l < 4; ++l) {",
@@ -403,7 +418,7 @@ class CudaKernels:
                 "  }",
                 "} else {",
                 "#pragma unroll 4",
-                f"  for (int64_t c = {c_begin} + threadIdx.x; c < {c_end}; c += blockDim.x) {{",
+                f"  for (int64_t c = {c_begin} + tid; c < {c_end}; c += nthr) {{",
                 "    const int l = 0;",
                 "    (void)l;",
                 *indent(scalar_body, 4),
@@ -451,8 +466,8 @@ class CudaKernels:
                 acc = acc_map[r.op.out]
                 combine = acc_combine(r.op.fn, "x", "y")
                 lines.append(
-                    f"{name} = block_allreduce<{acc}>({name}, []({acc} x, {acc} y) {{ return {combine}; }}, "
-                    f"reinterpret_cast<{acc}*>(smem));"
+                    f"{name} = group_allreduce<WARP, {acc}>({name}, "
+                    f"[]({acc} x, {acc} y) {{ return {combine}; }}, reinterpret_cast<{acc}*>(smem));"
                 )
             return lines
 
@@ -471,7 +486,7 @@ class CudaKernels:
 
         def store(row_scope: Scope) -> list[str]:
             if k.root_level == "row":
-                return [f"if (threadIdx.x == 0) out[r] = {row_scope.need(k.root)};"]
+                return [f"if (tid == 0) out[r] = {row_scope.need(k.root)};"]
 
             def inner(vector: bool) -> list[str]:
                 sc = Scope(self.g, info.ops, scalar, element_load(vector), parent=row_scope)
@@ -497,7 +512,7 @@ class CudaKernels:
                 "if constexpr (VEC == 4 && CACHED) {",
                 *indent(cached, 2),
                 "} else if constexpr (VEC == 4) {",
-                "  for (int64_t c0 = threadIdx.x * 4; c0 < cols; c0 += blockDim.x * 4) {",
+                "  for (int64_t c0 = tid * 4; c0 < cols; c0 += nthr * 4) {",
                 *indent(vec_loads_here, 4),
                 f"    {root_ctype} res[4];",
                 "#pragma unroll",
@@ -510,7 +525,7 @@ class CudaKernels:
                 "        make_float4(res[0], res[1], res[2], res[3]);",
                 "  }",
                 "} else {",
-                "  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {",
+                "  for (int64_t c = tid; c < cols; c += nthr) {",
                 "    const int l = 0;",
                 "    (void)l;",
                 *indent(inner(False), 4),
@@ -547,14 +562,22 @@ class CudaKernels:
             *self.desc_struct(info),
             "",
             f"constexpr int {k.name}_RCACHE = {max(rcache, 1)};",
-            f"// {k.name}: row kernel ({info.max_level} passes, a block per row): {', '.join(k.origins)}",
-            "template <int VEC, bool CACHED>",
+            f"// {k.name}: row kernel ({info.max_level} passes, a block or a warp per row): "
+            f"{', '.join(k.origins)}",
+            "template <int VEC, bool CACHED, bool WARP>",
             f"__global__ void __launch_bounds__({self.row_block}) {k.name}_kernel(",
             "    " + ",\n    ".join(main_params) + ") {",
             f"  __shared__ __align__(16) unsigned char smem[{smem_bytes}];",
             "  (void)smem;",
             *indent(self.scalar_setup(info), 2),
-            "  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {",
+            # WARP: each warp of the block owns rows (no barrier); otherwise the block owns each row.
+            "  const int tid = WARP ? (threadIdx.x & 31) : threadIdx.x;",
+            "  const int nthr = WARP ? 32 : blockDim.x;",
+            "  const int64_t r0 = WARP",
+            "      ? static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5)",
+            "      : static_cast<int64_t>(blockIdx.x);",
+            "  const int64_t rstep = WARP ? static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5) : gridDim.x;",
+            "  for (int64_t r = r0; r < rows; r += rstep) {",
             *indent(caches, 4),
             *indent(body, 4),
             "  }",
@@ -607,20 +630,39 @@ class CudaKernels:
                 "    return;",
                 "  }",
             ]
+
+        def launches(warp: str, threads: str, blocks: str, width: str) -> list[str]:
+            """The launches of one mode; `width` threads share a row (the row cache covers 16 per thread)."""
+            cfg = f"<<<{blocks}, {threads}, 0, stream>>>"
+            return [
+                *(
+                    [
+                        f"  if (vec4 && cols <= static_cast<int64_t>({width}) * 4 * {k.name}_RCACHE)",
+                        f"    {k.name}_kernel<4, true, {warp}>{cfg}({row_args});",
+                        "  else if (vec4)",
+                    ]
+                    if rcache and vec_ok
+                    else ["  if (vec4)"]
+                ),
+                f"    {k.name}_kernel<{4 if vec_ok else 1}, false, {warp}>{cfg}({row_args});",
+                "  else",
+                f"    {k.name}_kernel<1, false, {warp}>{cfg}({row_args});",
+            ]
+
+        # A warp per row when rows are plenty and a warp holds what a row needs: single-pass reductions of
+        # any length (a stream of loads, no barrier per row), multi-pass rows a warp's registers cache.
+        single_pass = info.max_level == 1 and k.root_level == "row"
+        warp_cond = "" if single_pass else f" && cols <= 32 * 4 * {k.name}_RCACHE"
         launcher += [
+            f"  if (rows >= 64 * static_cast<int64_t>(sm_count()){warp_cond}) {{",
+            "    const int64_t wblocks =",
+            "        std::min<int64_t>((rows + 7) / 8, static_cast<int64_t>(sm_count()) * 8);",
+            *indent(launches("true", "256", "wblocks", "32"), 2),
+            "    STITCH_LAUNCH_CHECK();",
+            "    return;",
+            "  }",
             "  const int64_t blocks = std::min<int64_t>(rows, static_cast<int64_t>(sm_count()) * 32);",
-            *(
-                [
-                    f"  if (vec4 && cols <= static_cast<int64_t>(threads) * 4 * {k.name}_RCACHE)",
-                    f"    {k.name}_kernel<4, true><<<blocks, threads, 0, stream>>>({row_args});",
-                    "  else if (vec4)",
-                ]
-                if rcache and vec_ok
-                else ["  if (vec4)"]
-            ),
-            f"    {k.name}_kernel<{4 if vec_ok else 1}, false><<<blocks, threads, 0, stream>>>({row_args});",
-            "  else",
-            f"    {k.name}_kernel<1, false><<<blocks, threads, 0, stream>>>({row_args});",
+            *launches("false", "threads", "blocks", "threads"),
             "  STITCH_LAUNCH_CHECK();",
             "}",
         ]
@@ -672,6 +714,7 @@ class CudaKernels:
             + ",\n    ".join([*params, f"{k.name}_part* __restrict__ parts", "const int64_t splits"])
             + ") {",
             "  __shared__ __align__(16) unsigned char smem[512];",
+            *indent(BLOCK_GROUP, 2),
             *indent(self.scalar_setup(info), 2),
             *indent(stage1_body, 2),
             "}",
@@ -708,6 +751,7 @@ class CudaKernels:
             + ",\n    ".join([*params, f"const {k.name}_part* __restrict__ parts", "const int64_t splits"])
             + ") {",
             "  __shared__ __align__(16) unsigned char smem[512];",
+            *indent(BLOCK_GROUP, 2),
             *indent(self.scalar_setup(info), 2),
             *indent(stage2_body, 2),
             "}",

@@ -21,6 +21,14 @@ from stitchcuda.coder.synth.codegen import (
 )
 from stitchcuda.coder.synth.cpu import indent
 
+# The row helpers' names for a kernel whose whole block works on one row.
+BLOCK_GROUP = [
+    "constexpr bool WARP = false;",
+    "const int tid = threadIdx.x;",
+    "const int nthr = blockDim.x;",
+    "(void)tid; (void)nthr;",
+]
+
 if TYPE_CHECKING:
     from stitchcuda.coder.synth.cuda import CudaKernels
 
@@ -109,6 +117,7 @@ def split_levels(
             )
             + ") {",
             "  __shared__ __align__(16) unsigned char smem[512];",
+            *indent(BLOCK_GROUP, 2),
             "  (void)rowv;",
             *indent(ks.scalar_setup(info), 2),
             *indent(body, 2),
@@ -141,6 +150,7 @@ def split_levels(
             )
             + ") {",
             "  __shared__ __align__(16) unsigned char smem[512];",
+            *indent(BLOCK_GROUP, 2),
             "  const int64_t r = blockIdx.x;",
             *indent(gather, 2),
             *indent(reduce_block(level, accs), 2),
