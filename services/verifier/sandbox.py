@@ -10,6 +10,7 @@ tree killed at the end. Results come only from the frames on a pipe the parent o
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import queue
@@ -121,12 +122,11 @@ class Outcome:
             )
         if self.memory_exceeded:
             return "exceeded the memory limit; the process tree was killed"
-        if self.wire_error:
-            return f"corrupted the result channel ({self.wire_error})"
         code = self.returncode
         if self.sandbox == "bwrap" and code is not None and 128 < code < 160:
             code = 128 - code  # bwrap's init reports a child killed by signal N as 128 + N
         if code is not None and code < 0:
+            # A process killed while it wrote leaves a cut frame: the signal is the cause, not the channel.
             try:
                 name = signal.Signals(-code).name
             except ValueError:
@@ -136,7 +136,10 @@ class Outcome:
                 "SIGKILL": " (killed: out of memory?)",
                 "SIGXCPU": " (CPU limit)",
             }
-            return f"crashed with {name}{hint.get(name, '')}"
+            cut = f"; its last record was cut short ({self.wire_error})" if self.wire_error else ""
+            return f"crashed with {name}{hint.get(name, '')}{cut}"
+        if self.wire_error:
+            return f"corrupted the result channel ({self.wire_error})"
         if code == 0:
             return "exited without a completion record"
         last = _last_error_line(self.log_tail)
@@ -535,14 +538,21 @@ def _with_parent_dirs(args: list[str]) -> list[str]:
 def _read(fd: int, launch: Launch, max_payload: int) -> None:
     errors = launch.errors
     # The transform (a large output reduced to its summary, seconds for a GiB output) runs on its own
-    # thread while the next frame is read: the runner is not held on a full pipe meanwhile. One frame
-    # is transformed at a time and the next waits for it, so at most two outputs are held here.
-    handoff: queue.Queue[tuple[dict[str, Any], wire.Payload] | None] = queue.Queue(maxsize=1)
-    transformer = threading.Thread(target=_transform, args=(handoff, launch), daemon=True)
+    # thread while the next frame is read: the runner is not held on a full pipe meanwhile. A frame is
+    # read only while fewer than two are held, so the parent holds at most two outputs, as
+    # limits.ProblemSize.parent_bytes counts.
+    handoff: queue.Queue[tuple[dict[str, Any], wire.Payload] | None] = queue.Queue()
+    held = threading.Semaphore(2)  # frames read and not yet transformed
+    transformer = threading.Thread(target=_transform, args=(handoff, held, launch), daemon=True)
     transformer.start()
     with os.fdopen(fd, "rb", buffering=1 << 20) as src:
         try:
-            for count, frame in enumerate(wire.read_frames(src, max_payload), 1):
+            frames = wire.read_frames(src, max_payload)
+            for count in itertools.count(1):
+                held.acquire()
+                frame = next(frames, None)
+                if frame is None:
+                    break
                 if count > 10_000:
                     errors.append("too many frames")
                     break
@@ -557,17 +567,22 @@ def _read(fd: int, launch: Launch, max_payload: int) -> None:
             transformer.join()
 
 
-def _transform(handoff: queue.Queue[tuple[dict[str, Any], wire.Payload] | None], launch: Launch) -> None:
+def _transform(
+    handoff: queue.Queue[tuple[dict[str, Any], wire.Payload] | None],
+    held: threading.Semaphore,
+    launch: Launch,
+) -> None:
     """Appends the reader's frames to the launch in order, each through the launch's transform."""
     while (frame := handoff.get()) is not None:
-        if launch.transform is not None:
-            try:
+        try:
+            if launch.transform is not None:
                 frame = launch.transform(*frame)
-            except Exception as exc:  # the reader must go on draining the pipe whatever happens here
-                launch.errors.append(f"could not reduce a {frame[0].get('kind')} frame: {exc}")
-                continue
-        launch.frames.append(frame)
-        del frame
+            launch.frames.append(frame)
+        except Exception as exc:  # the reader must go on draining the pipe whatever happens here
+            launch.errors.append(f"could not reduce a {frame[0].get('kind')} frame: {exc}")
+        finally:
+            del frame
+            held.release()
 
 
 def _write(fd: int, header: dict[str, Any], payload: wire.Payload) -> None:

@@ -52,6 +52,12 @@ def test_crash_reasons_are_one_line_and_specific():
     assert "timed out" in _outcome(timed_out=True).crash_reason()
     assert "memory" in _outcome(memory_exceeded=True).crash_reason()
     assert "without a completion record" in _outcome(returncode=0).crash_reason()
+    # killed while writing: the signal is the cause, the cut frame only its trace
+    killed = _outcome(returncode=128 + signal.SIGKILL, wire_error="truncated frame").crash_reason()
+    assert killed.startswith("crashed with SIGKILL (killed: out of memory?)") and "truncated frame" in killed
+    assert (
+        "corrupted the result channel" in _outcome(returncode=0, wire_error="bad frame magic").crash_reason()
+    )
     assert not _outcome(returncode=0).completed("nonce")
     done = _outcome(frames=[({"kind": "done", "nonce": "n1"}, b"")])
     assert done.completed("n1") and not done.completed("forged")
