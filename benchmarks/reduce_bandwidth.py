@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,8 +163,22 @@ def copy_bandwidth(runs: int) -> float:
     return 2 * x.nbytes / ms / 1e6
 
 
-def measure(spec: Spec, src: str, built: dict[str, Any] | None, args: argparse.Namespace) -> dict[str, Any]:
+def output_error(got: Any, want: Any) -> float:
+    """Largest |got - want| over the largest |want| (float outputs), or the share of differing indices."""
     import torch
+
+    if want.dtype == torch.int64:
+        return float((got != want).float().mean()) if want.numel() else 0.0
+    scale = float(want.abs().max()) if want.numel() else 0.0
+    return float((got - want).abs().max()) / scale if scale else 0.0
+
+
+def measure(
+    spec: Spec, src: str, wait_build: Callable[[], dict[str, Any] | None], args: argparse.Namespace
+) -> dict[str, Any]:
+    """Eager and torch.compile first (while the workers build), then the built program."""
+    import torch
+    from torch.utils.cpp_extension import load
 
     ns: dict[str, Any] = {"__name__": "reference"}
     exec(compile(src, f"{spec.name}.py", "exec"), ns)
@@ -180,22 +196,23 @@ def measure(spec: Spec, src: str, built: dict[str, Any] | None, args: argparse.N
         if not args.no_compile:
             compiled = torch.compile(model)
             row["compile_ms"] = median_ms(lambda: compiled(*inputs), args.runs)  # type: ignore[no-untyped-call]
+            del compiled
+        built = wait_build()
         if built is None:
-            row["error"] = "build failed"
+            row["error"] = "synthesis or build failed (see stderr)"
             return row
-        model_new = built["model_new"]
         row["build_s"] = round(built["seconds"], 1)
+        # Built by a worker with the same arguments: ninja finds it up to date, this only imports it.
+        sys.modules[built["load"]["name"]] = load(**built["load"])
         mn: dict[str, Any] = {"__name__": "model_new"}
-        exec(compile(model_new, "model_new.py", "exec"), mn)
+        exec(compile(built["model_new"], "model_new.py", "exec"), mn)
         torch.manual_seed(0)
         with torch.device("cuda"):
             new = mn["ModelNew"](*ns["get_init_inputs"]())
         got = new(*inputs)
         got_t = got if isinstance(got, tuple) else (got,)
-        row["max_abs_err"] = max(
-            float((g.double() - w.double()).abs().max()) if g.numel() else 0.0
-            for g, w in zip(got_t, outputs, strict=True)
-        )
+        row["rel_error"] = max(output_error(g, w) for g, w in zip(got_t, outputs, strict=True))
+        del got, got_t
         row["synth_ms"] = median_ms(lambda: new(*inputs), args.runs)
     row["gbps"] = moved / row["synth_ms"] / 1e6
     row["vs_eager"] = row["eager_ms"] / row["synth_ms"]
@@ -213,14 +230,17 @@ def table(rows: list[dict[str, Any]], copy_gbps: float) -> str:
             lines.append(f"{r['name']:16} {r['layout']:7} {r.get('error', 'no result')}")
             continue
         comp = f"{r['vs_compile']:9.2f}" if "vs_compile" in r else f"{'-':>9}"
+        wrong = f"  WRONG (relative error {r['rel_error']:.1e})" if r["rel_error"] > 1e-4 else ""
         lines.append(
             f"{r['name']:16} {r['layout']:7} {r['gbps']:8.0f} {100 * r['pct_copy']:5.0f}% "
-            f"{r['synth_ms']:9.3f} {r['vs_eager']:8.2f} {comp}"
+            f"{r['synth_ms']:9.3f} {r['vs_eager']:8.2f} {comp}{wrong}"
         )
     timed = [r for r in rows if "synth_ms" in r]
-    if timed:
-        geo = math.exp(sum(math.log(r["vs_eager"]) for r in timed) / len(timed))
-        lines.append(f"geomean vs eager: {geo:.2f}")
+    for key in ("vs_eager", "vs_compile"):
+        ratios = [r[key] for r in timed if key in r]
+        if ratios:
+            geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            lines.append(f"geomean {key.replace('_', ' ')}: {geo:.2f}")
     return "\n".join(lines)
 
 
@@ -235,35 +255,36 @@ def main(argv: list[str] | None = None) -> int:
     sources = {s.name: source(s, args.scale) for s in specs}
     root = tempfile.mkdtemp(prefix="reduce-bw-")
     started = time.monotonic()
-    # Builds run in worker processes while this one measures the copy bandwidth and the baselines.
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+    rows = []
+    # Workers synthesize and build every program while this process measures the copy and the baselines.
+    # Spawned, not forked: this process holds a CUDA context the workers must not inherit.
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {name: pool.submit(build, name, src, root) for name, src in sources.items()}
         copy_gbps = copy_bandwidth(args.runs)
-        built: dict[str, dict[str, Any] | None] = {}
-        for name, fut in futures.items():
-            try:
-                built[name] = fut.result()
-            except Exception as exc:  # a failed build is a row of the table, not the end of the run
-                print(f"{name}: {type(exc).__name__}: {str(exc)[-2000:]}", file=sys.stderr)
-                built[name] = None
-    print(f"built {len(sources)} programs in {time.monotonic() - started:.0f} s", flush=True)
-    from torch.utils.cpp_extension import load
+        for spec in specs:
+            fut = futures[spec.name]
 
-    rows = []
-    for spec in specs:
-        b = built[spec.name]
-        try:
-            if b is not None:
-                # Built by a worker with the same arguments: ninja finds it up to date, this only imports it.
-                sys.modules[b["load"]["name"]] = load(**b["load"])
-            row = measure(spec, sources[spec.name], b, args)
-        except Exception as exc:
-            row = {"name": spec.name, "layout": spec.layout, "error": f"{type(exc).__name__}: {exc}"[:500]}
-        if "gbps" in row:
-            row["pct_copy"] = row["gbps"] / copy_gbps
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        torch.cuda.empty_cache()
+            def wait_build(fut: Future[dict[str, Any]] = fut, name: str = spec.name) -> dict[str, Any] | None:
+                try:
+                    return fut.result()
+                except Exception as exc:  # a failed build is a row of the table, not the end of the run
+                    print(f"{name}: {type(exc).__name__}: {str(exc)[-2000:]}", file=sys.stderr)
+                    return None
+
+            try:
+                row = measure(spec, sources[spec.name], wait_build, args)
+            except Exception as exc:
+                row = {
+                    "name": spec.name,
+                    "layout": spec.layout,
+                    "error": f"{type(exc).__name__}: {exc}"[:500],
+                }
+            if "gbps" in row:
+                row["pct_copy"] = row["gbps"] / copy_gbps
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            torch.cuda.empty_cache()
+    print(f"{len(rows)} problems in {time.monotonic() - started:.0f} s")
     print(table(rows, copy_gbps))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

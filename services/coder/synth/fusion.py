@@ -144,7 +144,21 @@ def prepare(graph: Graph, variant: Variant) -> Graph:
             graph.ops.append(op)
             graph.producer[copy] = op
             graph.outputs[i] = copy
+    _drop_dead(graph)
     return graph
+
+
+def _drop_dead(graph: Graph) -> None:
+    """Drops the kernel ops no output needs: torch.max(x, dim)[0] traces the indices too (a second pass)."""
+    needed = set(graph.outputs) | set(graph.writebacks) | set(graph.writebacks.values())
+    kept: list[Op] = []
+    for op in reversed(graph.ops):
+        droppable = op.kind in (EW, REDUCE, POOL) or (op.kind == HOST and op.fn == "tuple")
+        if droppable and op.out not in needed:
+            continue
+        needed.update(op.refs())
+        kept.append(op)
+    graph.ops = kept[::-1]
 
 
 def _aliases_caller_memory(graph: Graph, ident: str) -> bool:

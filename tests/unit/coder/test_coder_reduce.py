@@ -157,3 +157,30 @@ def test_benchmark_without_a_gpu_fails_with_a_clear_message() -> None:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, check=False)
     assert done.returncode == 2 and "needs a CUDA GPU" in done.stderr
+
+
+def test_benchmark_table_flags_wrong_results_and_failed_builds() -> None:
+    rb = bench()
+    good = {"name": "sum_middle", "layout": "middle", "synth_ms": 2.0, "gbps": 4300.0, "pct_copy": 0.9}
+    good |= {"vs_eager": 1.1, "vs_compile": 1.05, "rel_error": 1e-7}
+    wrong = {**good, "name": "frobenius", "rel_error": 1e-3}
+    failed = {"name": "sum_outer", "layout": "outer", "error": "synthesis or build failed (see stderr)"}
+    text = rb.table([good, wrong, failed], 4800.0)
+    lines = text.splitlines()
+    assert "4800 GB/s" in lines[0]
+    assert "90%" in lines[3] and "WRONG" not in lines[3]
+    assert "WRONG" in lines[4] and "build failed" in lines[5]
+    assert "geomean vs eager: 1.10" in text and "geomean vs compile: 1.05" in text
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_values_of_max_over_a_dim_cost_one_kernel(synth: Synthesizer, device: str) -> None:
+    """torch.max(x, dim)[0] traces the indices too; with only the values used, no kernel computes them."""
+    from reduce_problems import problem
+
+    only_values = problem("torch.max(x, dim=1)[0]", "[torch.randn(4, 5, 6)]")
+    host = synth.synthesize(only_values, None, variant=Variant(), device=device).files["forward.cpp"]
+    assert host.count("// ---- k") == 1
+    both = problem("tuple(torch.max(x, dim=1))", "[torch.randn(4, 5, 6)]")
+    host = synth.synthesize(both, None, variant=Variant(), device=device).files["forward.cpp"]
+    assert host.count("// ---- k") == 2
