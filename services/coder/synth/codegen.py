@@ -415,6 +415,14 @@ class Host:
         fn = op.fn
         if fn == "tuple":
             return []
+        if fn == "check_shape":
+            # The trace was specialised to this shape (see normalize.guard_shapes).
+            src, want = op.args[0].id, op.attrs["shape"]
+            dims = cpp_list([str(d) for d in want])
+            return [
+                f"TORCH_CHECK(({tensor_var(src)}.sizes().vec() == std::vector<int64_t>{dims}), "
+                f'"{src}: ModelNew was generated for shape {want}; generate it again for other shapes");'
+            ]
         if fn == "size":
             src = tensor_var(op.args[0].id)
             if len(op.args) > 1:

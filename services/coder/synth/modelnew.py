@@ -54,7 +54,20 @@ def parse_reference(source: str) -> Reference:
                 )
         elif isinstance(stmt, ast.ClassDef | ast.FunctionDef) and stmt.name not in PROBLEM_NAMES:
             defs[stmt.name] = stmt
+        elif _is_made_helper(stmt):
+            defs[stmt.targets[0].id] = stmt  # type: ignore[attr-defined]
     return Reference(tree, model, methods.get("__init__"), methods["forward"], imports, defs)
+
+
+def _is_made_helper(stmt: ast.stmt) -> bool:
+    """`to_2tuple = _ntuple(2)`: a module-level helper made by a call (constants are inlined instead)."""
+    return (
+        isinstance(stmt, ast.Assign)
+        and len(stmt.targets) == 1
+        and isinstance(stmt.targets[0], ast.Name)
+        and stmt.targets[0].id not in PROBLEM_NAMES
+        and isinstance(stmt.value, ast.Call)
+    )
 
 
 class _Inline(ast.NodeTransformer):
@@ -79,6 +92,12 @@ def _literal_node(value: Any) -> ast.expr:
     if isinstance(value, dict) and "float" in value:
         return ast.Call(ast.Name("float", ast.Load()), [ast.Constant(value["float"])], [])
     return ast.Constant(value)
+
+
+def _def_name(node: ast.stmt) -> str:
+    if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+        return node.targets[0].id
+    return getattr(node, "name", "")
 
 
 def _names(node: ast.AST) -> set[str]:
@@ -236,6 +255,9 @@ def build_source(
             header.append(text)
     header += [IMPORT_MARK, ""]
     body: list[str] = []
+    # In the reference's order: a helper made by a call follows the function that makes it.
+    order = {name: i for i, name in enumerate(ref.defs)}
+    helper_defs.sort(key=lambda node: order.get(_def_name(node), len(order)))
     for node in helper_defs:
         body += [ast.unparse(node), "", ""]
     init_text = [ast.unparse(fn) for fn in copied]

@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from stitchcuda.coder.synth.attention import attention_probs, lower_multihead_attention
 from stitchcuda.coder.synth.exprs import ALIASES, EW
 from stitchcuda.coder.synth.ir import (
     EW as K_EW,
@@ -265,8 +266,27 @@ class Normalizer:
                 if str(exc).startswith(node.name):
                     raise
                 raise Unsupported(f"{node.name} ({node.target}): {exc}") from exc
+        if self.trace.specialized:
+            self.guard_shapes()
         fold_scans(self.g)
         return self.g
+
+    def guard_shapes(self) -> None:
+        """A trace specialised to the inputs' shapes holds them as numbers (view sizes, loop counts): the
+        program checks every input and model tensor against the shape it was traced with."""
+        ops: list[Op] = []
+        for op in self.g.ops:
+            ops.append(op)
+            v = self.g.values[op.out]
+            if op.kind in (INPUT, PARAM) and v.kind == "tensor":
+                ident = self.fresh(op.out + "_guard")
+                self.g.add_value(Value(ident, "none"))
+                check = Op(
+                    HOST, "check_shape", ident, [Ref(op.out)], {"shape": list(v.shape)}, origin=op.origin
+                )
+                self.g.producer[ident] = check
+                ops.append(check)
+        self.g.ops = ops
 
     def lower(self, node: TracedNode) -> None:
         if node.op == "placeholder":
@@ -620,6 +640,16 @@ class Normalizer:
             raise Unsupported(f"{node.name}: where with one argument")
         return self.emit_ew(
             "where", [args[0], self.scalar(args[1]), self.scalar(args[2])], [], node.name, node.name
+        )
+
+    def fn_masked_fill(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        """x.masked_fill(mask, value): where(mask, value, x), the mask broadcast to x's shape."""
+        got = dict(zip(["input", "mask", "value"], args, strict=False)) | kwargs
+        mask = got["mask"]
+        if not self.is_tensor(mask) or self.g.values[mask.id].dtype != "bool":
+            raise Unsupported(f"{node.name}: masked_fill with a mask that is not a bool tensor")
+        return self.emit_ew(
+            "where", [mask, self.scalar(got["value"]), got["input"]], [], node.name, node.name
         )
 
     # Reductions.
@@ -1334,24 +1364,7 @@ class Normalizer:
             return self.lib("sdpa", [got["query"], got["key"], got["value"], mask], attrs, node)
         # softmax(q k^T * scale [causal]) v: two GEMMs around one fused row kernel.
         q, k, v = got["query"], got["key"], got["value"]
-        qs, ks = self.shape_of(q), self.shape_of(k)
-        kt_shape = (*ks[:-2], ks[-1], ks[-2])
-        kt = self.view_op("transpose", k, {"args": [Const(-2), Const(-1)], "kwargs": {}}, kt_shape, node.name)
-        scores_shape = (*broadcast_shapes(qs[:-2], ks[:-2]), qs[-2], ks[-2])
-        sid = self.fresh(node.name)
-        self.g.add_value(Value(sid, "tensor", scores_shape, contiguous_strides(scores_shape)))
-        self.g.add_op(Op(LIB, "matmul", sid, [q, kt], {"causal": causal}, origin=node.name))
-        if scale is None:
-            e = self.fresh(node.name)
-            self.g.add_value(Value(e, "int", const=qs[-1]))
-            self.g.add_op(Op(HOST, "size", e, [q, Const(-1)], origin=node.name))
-            root = self.fresh(node.name)
-            self.g.add_value(Value(root, "float", const=math.sqrt(qs[-1])))
-            self.g.add_op(Op(HOST, "sqrt", root, [Ref(e)], origin=node.name))
-            scaled = self.emit_ew("div", [Ref(sid), Ref(root)], [], node.name)
-        else:
-            scaled = self.emit_ew("mul", [Ref(sid), Const(float(scale))], [], node.name)
-        probs = self.softmax_of(scaled, -1, node.name, log=False)
+        probs = attention_probs(self, q, k, None if scale is None else float(scale), causal, node.name)
         return self.lib("matmul", [probs, v], {}, node)
 
     def lower_view_call(self, node: TracedNode, name: str, args: list[Any], kwargs: dict[str, Any]) -> Ref:
@@ -1489,6 +1502,9 @@ class Normalizer:
             return
         if cls in ("LSTM", "GRU"):
             self.lower_rnn(node, cls, x, args[1:] or [kwargs.get("hx")])
+            return
+        if cls == "MultiheadAttention":
+            lower_multihead_attention(self, node, args, kwargs)
             return
         if cls == "Flatten":
             self.define(

@@ -44,6 +44,8 @@ class Trace:
     torch_version: str = ""
     # Int attributes of the model read as constants by the trace (attribute path -> traced value).
     baked_ints: dict[str, int] = field(default_factory=dict)
+    # The graph holds the inputs' shapes as numbers (the forward read them): valid for those shapes only.
+    specialized: bool = False
     by_name: dict[str, TracedNode] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -120,4 +122,5 @@ def trace_from_json(data: dict[str, Any]) -> Trace:
         init_check=data.get("init_check"),
         torch_version=data.get("torch_version", ""),
         baked_ints=data.get("baked_ints", {}),
+        specialized=bool(data.get("specialized")),
     )

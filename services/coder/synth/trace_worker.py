@@ -9,17 +9,33 @@ synthesizer wrote, checked here for producing exactly the reference's parameters
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import math
 import operator
 import sys
 import traceback
 import types
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx
 from torch.fx.node import Node
+
+if __package__:  # imported by the synthesizer (tests that trace in process)
+    from stitchcuda.coder.synth.init_check import LARGE_MODEL_BYTES, compare_constructors, state_bytes
+    from stitchcuda.coder.synth.shape_trace import specialized_trace
+else:  # a script in the tracing sandbox, where only this folder is visible
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from init_check import LARGE_MODEL_BYTES, compare_constructors, state_bytes
+    from shape_trace import specialized_trace
+
+Retrace = Callable[[torch.nn.Module], torch.fx.GraphModule]
+MISSING_MODULE_HINTS = {
+    "einops": ": write its rearrange as torch reshape/permute/flatten calls",
+}
 
 SCALAR_TYPES = (bool, int, float, str, type(None))
 # Float root-module attributes are perturbed by this factor to find which graph constants they feed.
@@ -187,7 +203,20 @@ def int_constants(gm: torch.fx.GraphModule) -> dict[str, Any]:
     return _literals(gm, int)
 
 
-def baked_ints(model: torch.nn.Module, gm: torch.fx.GraphModule) -> dict[str, int]:
+def probed_modules(model: torch.nn.Module, specialized: bool) -> list[tuple[str, torch.nn.Module]]:
+    """The modules whose attributes are changed in turn to see which graph constants they feed.
+
+    A specialised trace runs torch.nn's own modules on fake tensors instead of recording them (re-tracing
+    costs a whole fake run): their attributes reach the graph as module information, and the ones that
+    size their parameters are checked by the program's shape guards, so only the other modules are probed.
+    """
+    leaf = torch.fx.Tracer().is_leaf_module
+    return [(path, m) for path, m in model.named_modules() if not (specialized and leaf(m, path))]
+
+
+def baked_ints(
+    model: torch.nn.Module, gm: torch.fx.GraphModule, retrace: Retrace, specialized: bool
+) -> dict[str, int]:
     """Int attributes of the model (self.heads, ...) that the traced forward turned into constants.
 
     The trace reads them once, so the kernels hold their values: ModelNew refuses to be built with
@@ -195,13 +224,13 @@ def baked_ints(model: torch.nn.Module, gm: torch.fx.GraphModule) -> dict[str, in
     """
     base = int_constants(gm)
     baked: dict[str, int] = {}
-    for mod_path, mod in model.named_modules():
+    for mod_path, mod in probed_modules(model, specialized):
         for key, value in list(vars(mod).items()):
             if key.startswith("_") or not isinstance(value, int) or isinstance(value, bool):
                 continue
             setattr(mod, key, value + 1)
             try:
-                moved = int_constants(torch.fx.symbolic_trace(model))
+                moved = int_constants(retrace(model))
             except Exception:
                 moved = None  # the forward cannot even be traced with another value: it depends on it
             finally:
@@ -211,14 +240,16 @@ def baked_ints(model: torch.nn.Module, gm: torch.fx.GraphModule) -> dict[str, in
     return baked
 
 
-def scalar_sources(model: torch.nn.Module, base: dict[str, Any]) -> dict[str, str]:
+def scalar_sources(
+    model: torch.nn.Module, base: dict[str, Any], retrace: Retrace, specialized: bool
+) -> dict[str, str]:
     """Which float constants of the graph come from float attributes of the model (self.scale, ...).
 
     Each attribute is perturbed in turn and the model re-traced: the constants that move by exactly
     the same factor are that attribute, so ModelNew can pass it at run time instead of baking it in.
     """
     sources: dict[str, str] = {}
-    for mod_path, mod in model.named_modules():
+    for mod_path, mod in probed_modules(model, specialized):
         for key, value in list(vars(mod).items()):
             if key.startswith("_") or not isinstance(value, float) or isinstance(value, bool):
                 continue
@@ -227,7 +258,7 @@ def scalar_sources(model: torch.nn.Module, base: dict[str, Any]) -> dict[str, st
             attr = f"{mod_path}.{key}" if mod_path else key
             setattr(mod, key, value * PERTURB)
             try:
-                moved = float_constants(torch.fx.symbolic_trace(model))
+                moved = float_constants(retrace(model))
             except Exception:
                 moved = {}
             finally:
@@ -247,39 +278,27 @@ def check_init(ns_ref: dict[str, Any], init_source: str) -> dict[str, Any]:
     ns_new.update({k: v for k, v in ns_ref.items() if k in global_literals(ns_ref)})
     exec(compile(init_source, "model_new_init.py", "exec"), ns_new)
     args = ns_ref["get_init_inputs"]()
-    torch.manual_seed(1234)
-    ref = ns_ref["Model"](*args)
-    torch.manual_seed(1234)
-    new = ns_new["ModelNew"](*args)
-    ref_state, new_state = ref.state_dict(), new.state_dict()
-    if list(ref_state) != list(new_state):
-        return {"ok": False, "detail": f"state keys differ: {list(ref_state)} vs {list(new_state)}"}
-    for key, value in ref_state.items():
-        other = new_state[key]
-        if value.shape != other.shape or value.dtype != other.dtype or not torch.equal(value, other):
-            return {"ok": False, "detail": f"{key} differs between Model and ModelNew"}
-    ref_modes = [m.training for m in ref.modules()]
-    new_modes = [m.training for m in new.modules()]
-    if ref_modes != new_modes:
-        return {"ok": False, "detail": "train/eval modes differ between Model and ModelNew"}
-    return {"ok": True, "detail": ""}
+    verdict: dict[str, Any] = compare_constructors(
+        lambda: ns_ref["Model"](*args), lambda: ns_new["ModelNew"](*args)
+    )
+    return verdict
 
 
-def run_shapes(gm: torch.fx.GraphModule, ns: dict[str, Any]) -> tuple[list[Any], Recorder]:
+def run_shapes(gm: torch.fx.GraphModule, make_inputs: Callable[[], list[Any]]) -> tuple[list[Any], Recorder]:
     """Shapes of every node, from fake tensors (no memory, no FLOPs) or, where that fails, a real run."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     try:
         with FakeTensorMode(allow_non_fake_inputs=True):
             torch.manual_seed(1)
-            inputs = list(ns["get_inputs"]())
+            inputs = list(make_inputs())
             recorder = Recorder(gm)
             with torch.no_grad():
                 recorder.run(*inputs)
         return inputs, recorder
     except Exception:
         torch.manual_seed(1)
-        inputs = list(ns["get_inputs"]())
+        inputs = list(make_inputs())
         recorder = Recorder(gm)
         with torch.no_grad():
             recorder.run(*inputs)
@@ -298,25 +317,57 @@ def global_literals(ns: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def fx_trace(
+    model: torch.nn.Module, make_inputs: Callable[[], list[Any]]
+) -> tuple[torch.fx.GraphModule, Retrace, bool]:
+    """The model's graph, how to trace it again (after changing an attribute), and whether the graph
+    is specialised to the inputs' shapes: symbolically where torch.fx can, else for the inputs of
+    get_inputs() (a forward that reads its input shapes as numbers, loops over them or branches on them)."""
+    try:
+        return torch.fx.symbolic_trace(model), torch.fx.symbolic_trace, False
+    except Exception:
+        pass
+
+    def retrace(m: torch.nn.Module) -> torch.fx.GraphModule:
+        torch.manual_seed(1)
+        gm: torch.fx.GraphModule = specialized_trace(m, make_inputs)
+        return gm
+
+    return retrace(model), retrace, True
+
+
 def trace(source: str, init_source: str | None) -> dict[str, Any]:
     ns: dict[str, Any] = {"__name__": "reference"}
     exec(compile(source, "reference.py", "exec"), ns)
+    init_args = ns["get_init_inputs"]()
+    # A trace reads shapes only: a large model (and its inputs) is built on the meta device, so
+    # tracing takes no memory for its values.
+    large = state_bytes(lambda: ns["Model"](*init_args)) > LARGE_MODEL_BYTES
+    place: Any = torch.device("meta") if large else contextlib.nullcontext()
+
+    def make_inputs() -> list[Any]:
+        with place:
+            return list(ns["get_inputs"]())
+
     torch.manual_seed(0)
-    model = ns["Model"](*ns["get_init_inputs"]())
-    gm = torch.fx.symbolic_trace(model)
-    inputs, recorder = run_shapes(gm, ns)
+    with place:
+        model = ns["Model"](*init_args)
+    gm, retrace, specialized = fx_trace(model, make_inputs)
+    inputs, recorder = run_shapes(gm, make_inputs)
     result: dict[str, Any] = {
         "ok": True,
         "nodes": graph_nodes(gm, recorder.meta),
         "inputs": [value_meta(x) for x in inputs],
         "init_inputs": encode(list(ns["get_init_inputs"]())),
         "training": bool(model.training),
-        "scalar_sources": scalar_sources(model, float_constants(gm)),
-        "baked_ints": baked_ints(model, gm),
+        "scalar_sources": scalar_sources(model, float_constants(gm), retrace, specialized),
+        "baked_ints": baked_ints(model, gm, retrace, specialized),
+        "specialized": specialized,
         "globals": global_literals(ns),
         "torch_version": torch.__version__,
     }
     if init_source is not None:
+        del model, gm, recorder, inputs  # room for the constructors' real state
         result["init_check"] = check_init(ns, init_source)
     return result
 
@@ -328,7 +379,17 @@ def safe_trace(source: str, init_source: str | None) -> dict[str, Any]:
     except Exception as exc:
         tb = traceback.extract_tb(exc.__traceback__)
         where = next((f"line {f.lineno}" for f in reversed(tb) if f.filename == "reference.py"), "")
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "where": where}
+        return {"ok": False, "error": describe(exc), "where": where}
+
+
+def describe(exc: Exception) -> str:
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        # Packages are never installed for a reference: say what to do rather than what is missing.
+        return (
+            f"ModuleNotFoundError: the reference imports {exc.name}, which is not installed where references "
+            "run (they may use torch and the standard library)" + MISSING_MODULE_HINTS.get(exc.name, "")
+        )
+    return f"{type(exc).__name__}: {exc}"
 
 
 def main() -> None:

@@ -1,0 +1,310 @@
+"""Level-3 model patterns torch.fx cannot trace symbolically (issue 14 items 2 and 3): forwards that slice a
+buffer by the input length, loop over a size, branch on the device or assert on shapes are traced
+specialised to the inputs' shapes (the program checks them); nn.MultiheadAttention; a branch on tensor
+values and a missing package are refused with a clear reason; large models are traced on the meta
+device. Where a program comes out, its CPU build (slow) is compared with PyTorch."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from test_coder_rnn import build_cpu
+
+from stitchcuda.coder.synth import init_check, trace_worker
+from stitchcuda.coder.synth.ir import Unsupported
+from stitchcuda.coder.synth.synthesizer import Synthesizer, to_candidate
+from stitchcuda.coder.synth.trace import TraceError
+from stitchcuda.coder.synth.variants import Variant
+from stitchcuda.shared.candidate import validate
+from stitchcuda.shared.policy import LIBRARY, STRICT, KernelPolicy
+
+HEADER = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
+
+# A causal self-attention whose mask buffer is longer than the sequence: sliced by T = x.size(1).
+CAUSAL = (
+    HEADER
+    + """class Model(nn.Module):
+    def __init__(self, width, heads, longest):
+        super().__init__()
+        self.qkv = nn.Linear(width, 3 * width)
+        self.heads = heads
+        self.register_buffer("mask", torch.tril(torch.ones(longest, longest)).view(1, 1, longest, longest))
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        k = k.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        v = v.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
+        att = att.masked_fill(self.mask[:, :, :T, :T] == 0, float("-inf"))
+        y = F.softmax(att, dim=-1) @ v
+        return y.transpose(1, 2).contiguous().view(B, T, C)
+
+def get_inputs():
+    return [torch.randn(2, 5, 8)]
+
+def get_init_inputs():
+    return [8, 2, 7]
+"""
+)
+
+# An RNN cell unrolled by a Python loop over the sequence length, its state moved to x's device.
+LOOP = (
+    HEADER
+    + """class Model(nn.Module):
+    def __init__(self, features, hidden):
+        super().__init__()
+        self.cell = nn.Linear(features + hidden, hidden)
+
+    def forward(self, x, h0):
+        h = h0.to(x.device)
+        outs = []
+        for t in range(x.size(0)):
+            h = torch.tanh(self.cell(torch.cat((x[t], h), dim=1)))
+            outs.append(h * 2.0)
+        return torch.stack(outs, dim=0)
+
+def get_inputs():
+    return [torch.randn(4, 3, 6), torch.randn(3, 5)]
+
+def get_init_inputs():
+    return [6, 5]
+"""
+)
+
+# A device check and a shape assertion before the work (NetVLAD and Swin patch embedding style).
+BRANCHES = (
+    HEADER
+    + """class Model(nn.Module):
+    def __init__(self, features, clusters, side):
+        super().__init__()
+        self.centres = nn.Parameter(torch.randn(features, clusters))
+        self.side = side
+
+    def forward(self, x, mask=None):
+        B, N, D = x.shape
+        assert N == self.side * self.side, f"{N} tokens for a {self.side}x{self.side} grid"
+        if x.device != self.centres.device:
+            raise ValueError("x and the centres are on different devices")
+        if mask is not None:
+            x = x * mask
+        x = x.view(-1, D)
+        a = F.softmax(torch.matmul(x, self.centres), dim=1)
+        return a.view(B, N, -1).sum(dim=1)
+
+def get_inputs():
+    return [torch.randn(2, 9, 4)]
+
+def get_init_inputs():
+    return [4, 3, 3]
+"""
+)
+
+
+def mha_problem(batch_first: bool, forward: str, inputs: str) -> str:
+    return (
+        HEADER
+        + f"""class Model(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(width, heads, batch_first={batch_first})
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x, y):
+{forward}
+
+def get_inputs():
+    return {inputs}
+
+def get_init_inputs():
+    return [8, 2]
+"""
+    )
+
+
+# Self-attention, time-major, residual and norm (KernelBench 31's block); the weights are discarded.
+MHA_SELF = mha_problem(
+    False,
+    "        out, _ = self.attn(x, x, x)\n        return self.norm(out + x) + y.sum()",
+    "[torch.randn(5, 3, 8), torch.randn(1)]",
+)
+# Cross-attention, batch-first: separate projections of query and key/value.
+MHA_CROSS = mha_problem(
+    True,
+    "        return self.attn(x, y, y, need_weights=False)[0] * 2.0",
+    "[torch.randn(3, 4, 8), torch.randn(3, 6, 8)]",
+)
+
+BUILT = {"causal": CAUSAL, "loop": LOOP, "branches": BRANCHES, "mha_self": MHA_SELF, "mha_cross": MHA_CROSS}
+
+
+@pytest.fixture(scope="module")
+def synth() -> Synthesizer:
+    # The references are the test's own: trace them in this process (the service uses a subprocess).
+    return Synthesizer(in_process=True)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("name", sorted(BUILT))
+def test_each_pattern_comes_out_under_both_policies(synth: Synthesizer, name: str, device: str) -> None:
+    for policy in (LIBRARY, STRICT):
+        synthesis = synth.synthesize(
+            BUILT[name], None, variant=Variant(), device=device, policy=KernelPolicy(policy)
+        )
+        validate(to_candidate(synthesis))
+        host = synthesis.files["forward.cpp"]
+        assert "at::multi_head_attention" not in host and "at::_native_multi_head_attention" not in host
+        # Only the forwards that read their input shapes as numbers are specialised, and checked.
+        specialised = name in ("causal", "loop", "branches")
+        assert ("was generated for shape" in host) == specialised, name
+
+
+def test_specialised_program_checks_every_input_and_parameter_shape(synth: Synthesizer) -> None:
+    host = synth.synthesize(CAUSAL, None, variant=Variant(), device="cpu").files["forward.cpp"]
+    checks = re.findall(
+        r"TORCH_CHECK\(\((\w+)\.sizes\(\)\.vec\(\) == std::vector<int64_t>\{([\d, ]*)\}", host
+    )
+    shapes = {name: [int(d) for d in dims.split(", ")] for name, dims in checks}
+    assert [2, 5, 8] in shapes.values()  # x
+    assert [1, 1, 7, 7] in shapes.values()  # the mask buffer
+    assert [24, 8] in shapes.values() and [24] in shapes.values()  # the projection
+    # The sequence length is a number in the program: 5 of the 7 mask rows, the view sizes.
+    trace = synth.trace(CAUSAL)
+    assert trace.specialized
+    assert not any(n.target.endswith("size") for n in trace.nodes)
+
+
+def test_loop_over_a_size_is_unrolled(synth: Synthesizer) -> None:
+    trace = synth.trace(LOOP)
+    cells = [n for n in trace.nodes if n.op == "call_module" and n.target == "cell"]
+    assert len(cells) == 4  # x.size(0) steps
+
+
+def test_branch_on_tensor_values_is_refused(synth: Synthesizer) -> None:
+    source = HEADER + (
+        "class Model(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        if x.size(0) > 1 and x.sum() > 0:\n"
+        "            return x * 2.0\n"
+        "        return x\n\n"
+        "def get_inputs():\n    return [torch.randn(3, 4)]\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    with pytest.raises(TraceError, match="branches on the values of a tensor") as err:
+        synth.synthesize(source, None, variant=Variant(), device="cpu")
+    assert "line 8" in str(err.value)
+
+
+def test_missing_package_says_what_to_do(synth: Synthesizer) -> None:
+    source = "import torch\nfrom einops_not_here import rearrange\n" + LOOP.replace("import torch\n", "", 1)
+    with pytest.raises(TraceError, match="imports einops_not_here, which is not installed"):
+        synth.synthesize(source, None, variant=Variant(), device="cpu")
+    error = trace_worker.describe(ModuleNotFoundError("No module named 'einops'", name="einops"))
+    assert "reshape/permute" in error
+
+
+def test_attention_weights_of_multihead_attention_are_refused_when_used(synth: Synthesizer) -> None:
+    source = mha_problem(
+        False, "        return self.attn(x, x, x)[1] + y", "[torch.randn(5, 3, 8), torch.randn(1)]"
+    )
+    with pytest.raises(Unsupported, match="attention weights"):
+        synth.synthesize(source, None, variant=Variant(), device="cpu")
+    masked = mha_problem(
+        False,
+        "        return self.attn(x, x, x, attn_mask=y)[0]",
+        "[torch.randn(5, 3, 8), torch.zeros(5, 5)]",
+    )
+    with pytest.raises(Unsupported, match="attn_mask"):
+        synth.synthesize(masked, None, variant=Variant(), device="cpu")
+
+
+def test_large_model_is_traced_on_the_meta_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = trace_worker.safe_trace(CAUSAL, None)
+    monkeypatch.setattr(trace_worker, "LARGE_MODEL_BYTES", 0)
+    monkeypatch.setattr(torch.nn.Linear, "reset_parameters", _refuse_real_init)
+    meta = trace_worker.safe_trace(CAUSAL, None)
+    assert meta["ok"], meta
+    assert meta["nodes"] == whole["nodes"] and meta["inputs"] == whole["inputs"]
+
+
+def _refuse_real_init(self: torch.nn.Linear) -> None:
+    # Initialising on the meta device touches no values; on the CPU it would mean real memory.
+    assert self.weight.device.type == "meta", "a large model was built with real values"
+
+
+def test_constructors_too_large_for_memory_are_compared_without_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def make(width: int) -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.ReLU())
+
+    same = init_check.compare_constructors(lambda: make(3), lambda: make(3))
+    assert same == {"ok": True, "detail": "", "values": True}
+    shifted = init_check.compare_constructors(lambda: make(3), lambda: (torch.randn(1), make(3))[1])
+    assert not shifted["ok"] and "0.weight differs" in shifted["detail"]
+    monkeypatch.setattr(init_check, "memory_budget", lambda: 10)
+    blind = init_check.compare_constructors(lambda: make(3), lambda: (torch.randn(1), make(3))[1])
+    assert blind == {"ok": True, "detail": "", "values": False}
+    wider = init_check.compare_constructors(lambda: make(3), lambda: make(5))
+    assert not wider["ok"] and not wider["values"]
+
+
+def load_model_new(synthesis_files: dict[str, str]) -> dict[str, object]:
+    mn: dict[str, object] = {"__name__": "model_new"}
+    exec(compile(synthesis_files["model_new.py"], "model_new.py", "exec"), mn)
+    return mn
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(BUILT))
+def test_compiled_cpu_program_matches_pytorch(synth: Synthesizer, name: str) -> None:
+    source = BUILT[name]
+    synthesis = synth.synthesize(source, None, variant=Variant(), device="cpu", policy=KernelPolicy(STRICT))
+    b = synthesis.build
+    build_cpu(synthesis.files, b.extension_name, list(b.cflags), list(b.ldflags), list(b.sources))
+    ns: dict[str, object] = {"__name__": "reference"}
+    exec(compile(source, "reference.py", "exec"), ns)
+    mn = load_model_new(synthesis.files)
+    init = ns["get_init_inputs"]()  # type: ignore[operator]
+    torch.manual_seed(0)
+    ref = ns["Model"](*init).double()  # type: ignore[operator]
+    torch.manual_seed(0)
+    new = mn["ModelNew"](*init)  # type: ignore[operator]
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        inputs = ns["get_inputs"]()  # type: ignore[operator]
+        with torch.no_grad():
+            want = ref(*[x.double() for x in inputs])
+            got = new(*inputs)
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        rel = ((got.double() - want).norm() / want.norm()).item()
+        assert rel < 1e-5, f"{name}: relative L2 error {rel:.2e}"
+    if name in ("causal", "loop"):
+        # A program specialised to the traced shapes refuses others instead of computing garbage.
+        longer = [torch.randn(2, 6, 8)] if name == "causal" else [torch.randn(5, 3, 6), torch.randn(3, 5)]
+        with pytest.raises(RuntimeError, match="was generated for shape"):
+            new(*longer)
+
+
+def test_constructor_helper_made_by_a_call_is_copied_after_its_maker(synth: Synthesizer) -> None:
+    # Swin's `to_2tuple = _ntuple(2)`: ModelNew's constructor needs the made helper and its maker, in order.
+    source = HEADER + (
+        "def _tuple_of(n):\n"
+        "    def parse(x):\n"
+        "        return tuple([x] * n)\n"
+        "    return parse\n\n"
+        "to_pair = _tuple_of(2)\n\n"
+        "class Model(nn.Module):\n"
+        "    def __init__(self, side):\n"
+        "        super().__init__()\n"
+        "        self.pool = nn.AvgPool2d(to_pair(side))\n\n"
+        "    def forward(self, x):\n"
+        "        return self.pool(x) * 2.0\n\n"
+        "def get_inputs():\n    return [torch.randn(1, 2, 4, 4)]\n\n"
+        "def get_init_inputs():\n    return [2]\n"
+    )
+    model_new = synth.synthesize(source, None, variant=Variant(), device="cpu").files["model_new.py"]
+    assert 0 < model_new.index("def _tuple_of(n):") < model_new.index("to_pair = _tuple_of(2)")
