@@ -4,7 +4,6 @@ a correct PyTorch fallback and an incorrect program both score 0."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from stitchcuda.shared import candidate as candidate_format
 from stitchcuda.training.reward import RewardRequest, RewardService, RewardSettings
 from tests.conftest import REPO
+from tests.integration.corpus_variants import slowed
 
 pytestmark = pytest.mark.slow
 
@@ -21,21 +21,6 @@ CORPUS = REPO / "tests" / "corpus"
 def load(folder: Path) -> tuple[str, object]:
     expect = json.loads((CORPUS / folder.name / "expect.json").read_text())
     return (REPO / expect["reference"]).read_text(), candidate_format.read_dir(folder)
-
-
-def slowed(tmp_path: Path) -> Path:
-    """honest_elementwise_fast doing its (correct) pass 8 times per call: honest, same build, 8x the work."""
-    folder = tmp_path / "honest_elementwise_fast"
-    shutil.copytree(CORPUS / "honest_elementwise_fast", folder)
-    source = (folder / "model_new.py").read_text()
-    call = "return ext.elementwise_chain(x.contiguous(), self.scale, self.shift)"
-    assert call in source
-    repeated = (
-        "out = x\n        for _ in range(8):\n"
-        "            out = ext.elementwise_chain(x.contiguous(), self.scale, self.shift)\n        return out"
-    )
-    (folder / "model_new.py").write_text(source.replace(call, repeated))
-    return folder
 
 
 class Counting:
@@ -51,7 +36,7 @@ class Counting:
 def test_reward_orders_known_candidates(tmp_path: Path):
     from stitchcuda.training.verifier import InProcessVerifier
 
-    names = {"fast": CORPUS / "honest_elementwise_fast", "slow": slowed(tmp_path),
+    names = {"fast": CORPUS / "honest_elementwise_fast", "slow": slowed(tmp_path, "honest_elementwise_fast"),
              "fallback": CORPUS / "h01_passthrough", "incorrect": CORPUS / "h10_mse_subsampled"}  # fmt: skip
     requests = {}
     for label, folder in names.items():

@@ -5,7 +5,6 @@ rejection), and a GRPO config with `verifier: queue` turns completions into rewa
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from stitchcuda.training.verifier import InProcessVerifier, QueueVerifier
 from stitchcuda.verifier.service import VerifierService
 from stitchcuda.verifier.settings import VerifierSettings
 from tests.conftest import PROBLEMS, REPO
+from tests.integration.corpus_variants import FAST, slowed
 from tests.integration.platform.harness import Platform, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -35,7 +35,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 WORKER_URL = "redis://127.0.0.1:6379/12"  # a Verifier worker consumes verifier.cpu here
 NOBODY_URL = "redis://127.0.0.1:6379/11"  # no worker at all
 REFERENCE = (PROBLEMS / "01_elementwise_chain.py").read_text()
-FAST = REPO / "tests" / "corpus" / "honest_elementwise_fast"
 # Short measurements on shared cores, no torch.compile baseline; the same for the worker and in process.
 VERIFIER_ENV = {
     "STITCH_COMPILE_BASELINE": "false",
@@ -101,21 +100,6 @@ def trainer_settings(url: str, artifacts: Path, **fields: object) -> RewardSetti
         artifact_dir=artifacts,
         **fields,  # type: ignore[arg-type]
     )
-
-
-def slowed(tmp_path: Path) -> Path:
-    """honest_elementwise_fast doing its (correct) pass 8 times per call: another honest program, same build."""
-    folder = tmp_path / "honest_elementwise_slow"
-    shutil.copytree(FAST, folder)
-    source = (folder / "model_new.py").read_text()
-    call = "return ext.elementwise_chain(x.contiguous(), self.scale, self.shift)"
-    assert call in source
-    repeated = (
-        "out = x\n        for _ in range(8):\n"
-        "            out = ext.elementwise_chain(x.contiguous(), self.scale, self.shift)\n        return out"
-    )
-    (folder / "model_new.py").write_text(source.replace(call, repeated))
-    return folder
 
 
 def rules(verdict: verify_pb2.Verdict) -> set[tuple[str, int]]:
