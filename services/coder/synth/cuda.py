@@ -417,7 +417,7 @@ class CudaKernels:
                 "    }",
                 "  }",
                 "} else {",
-                "#pragma unroll 4",
+                "#pragma unroll 8",
                 f"  for (int64_t c = {c_begin} + tid; c < {c_end}; c += nthr) {{",
                 "    const int l = 0;",
                 "    (void)l;",

@@ -7,7 +7,7 @@ extent across blocks and a combine kernel finishes each output from their partia
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stitchcuda.coder.synth.codegen import (
     CTYPE,
@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 TILE = 32
 # Most warps per block along the reduced extent; the shared buffer holds one accumulator per thread.
 MAX_WARPS = 16
+# Elements of a column each thread keeps in registers between passes (columns up to CACHE * MAX_WARPS),
+# for at most MAX_CACHED operands.
+CACHE = 16
+MAX_CACHED = 3
 SMEM_BYTES = TILE * MAX_WARPS * 16
 
 
@@ -121,63 +125,116 @@ def column_kernel(ks: CudaKernels, info: KernelInfo) -> str:
             scope.names[red.op.out] = name
         return lines
 
-    row_scope = Scope(g, info.ops, scalar, row_load)
-    body = list(setup)
-    row_section(row_scope, 0)
-    body += row_scope.lines
     reds1 = [red for red in info.reductions if red.level == 1]
     split_ok = k.root_level == "row" and info.max_level == 1 and ks.variant.split != "off"
-    for level in range(1, info.max_level + 1):
-        row_scope.lines = []
-        reds = [red for red in info.reductions if red.level == level]
-        inner = Scope(g, info.ops, scalar, element_load, parent=row_scope)
-        ups = [
-            acc_update(
-                red.op.fn, accs[red.op.out], "a_" + local_var(red.op.out), inner.need(red.op.args[0].id), "c"
-            )
-            for red in reds
-        ]
-        body += [
-            f"{accs[red.op.out]} a_{local_var(red.op.out)} = {acc_init(red.op.fn, accs[red.op.out])};"
-            for red in reds
-        ]
-        # Unrolled: several independent loads of each thread in flight.
-        body += [
-            "#pragma unroll 4",
-            "for (int64_t c = c_lo + ty; c < c_hi; c += ny) {",
-            *indent([*inner.lines, *ups], 2),
-            "}",
-            *combine_warps(level),
-        ]
-        if level == 1 and split_ok:
-            body += [
-                "if (parts != nullptr) {",
-                "  if (ty == 0 && live) {",
-                f"    {k.name}_part p;",
-                *[f"    p.a{j} = a_{local_var(red.op.out)};" for j, red in enumerate(reds1)],
-                "    parts[static_cast<int64_t>(blockIdx.y) * rows + r] = p;",
-                "  }",
-                "  return;",
+    # Several passes over each column (a softmax, a norm's division): short columns stay in registers.
+    multi = info.max_level > 1 or full
+
+    def emit_body(cache: bool) -> tuple[list[str], set[int]]:
+        """The kernel's body; with `cache`, also the operands the CACHED form keeps in registers."""
+        filled: set[int] = set()
+
+        def loop(build: Callable[[Callable[[str], str]], list[str]], begin: str, end: str) -> list[str]:
+            plain = [
+                # Unrolled: several independent loads of each thread in flight.
+                "#pragma unroll 8",
+                f"for (int64_t c = {begin} + ty; c < {end}; c += ny) {{",
+                *indent(build(element_load), 2),
                 "}",
             ]
-        body += finalize(row_scope, level)
-        row_section(row_scope, level)
+            if not cache:
+                return plain
+            used: set[int] = set()
+
+            def cache_load(ident: str) -> str:
+                i = index[ident]
+                if info.operands[i].access == "scalar":
+                    return f"z{i}"
+                used.add(i)
+                return f"cache{i}[j]"
+
+            lines = build(cache_load)
+            fills = [f"cache{i}[j] = in{i}[b{i} + {col_off(i, 'c')}];" for i in sorted(used - filled)]
+            filled.update(used)
+            return [
+                "if constexpr (CACHED) {",
+                "#pragma unroll",
+                f"  for (int j = 0; j < {CACHE}; ++j) {{",
+                "    const int64_t c = ty + static_cast<int64_t>(j) * ny;",
+                "    if (c < cols) {",
+                *indent([*fills, *lines], 6),
+                "    }",
+                "  }",
+                "} else {",
+                *indent(plain, 2),
+                "}",
+            ]
+
+        row_scope = Scope(g, info.ops, scalar, row_load)
+        body = list(setup)
+        row_section(row_scope, 0)
         body += row_scope.lines
-    row_scope.lines = []
-    if full:
-        inner = Scope(g, info.ops, scalar, element_load, parent=row_scope)
-        value = inner.need(k.root)
-        body += [
-            *row_scope.lines,
-            "#pragma unroll 4",
-            "for (int64_t c = ty; c < cols; c += ny) {",
-            *indent(inner.lines, 2),
-            f"  if (live) out[ob + (SIMPLE ? c * ocs : stitch::col_off<int64_t>(odesc, c))] = {value};",
-            "}",
-        ]
-    else:
-        value = row_scope.need(k.root)
-        body += [*row_scope.lines, f"if (ty == 0 && live) out[r] = {value};"]
+        for level in range(1, info.max_level + 1):
+            row_scope.lines = []
+            reds = [red for red in info.reductions if red.level == level]
+
+            def accumulate(load: Callable[[str], str], reds: list[Any] = reds) -> list[str]:
+                sc = Scope(g, info.ops, scalar, load, parent=row_scope)
+                ups = [
+                    acc_update(
+                        red.op.fn,
+                        accs[red.op.out],
+                        "a_" + local_var(red.op.out),
+                        sc.need(red.op.args[0].id),
+                        "c",
+                    )
+                    for red in reds
+                ]
+                return [*sc.lines, *ups]
+
+            body += [
+                f"{accs[red.op.out]} a_{local_var(red.op.out)} = {acc_init(red.op.fn, accs[red.op.out])};"
+                for red in reds
+            ]
+            body += [*loop(accumulate, "c_lo", "c_hi"), *combine_warps(level)]
+            if level == 1 and split_ok:
+                body += [
+                    "if (parts != nullptr) {",
+                    "  if (ty == 0 && live) {",
+                    f"    {k.name}_part p;",
+                    *[f"    p.a{j} = a_{local_var(red.op.out)};" for j, red in enumerate(reds1)],
+                    "    parts[static_cast<int64_t>(blockIdx.y) * rows + r] = p;",
+                    "  }",
+                    "  return;",
+                    "}",
+                ]
+            body += finalize(row_scope, level)
+            row_section(row_scope, level)
+            body += row_scope.lines
+        row_scope.lines = []
+        if full:
+
+            def store(load: Callable[[str], str]) -> list[str]:
+                sc = Scope(g, info.ops, scalar, load, parent=row_scope)
+                value = sc.need(k.root)
+                target = "out[ob + (SIMPLE ? c * ocs : stitch::col_off<int64_t>(odesc, c))]"
+                return [*sc.lines, f"if (live) {target} = {value};"]
+
+            body += loop(store, "0", "cols")
+        else:
+            value = row_scope.need(k.root)
+            body += [*row_scope.lines, f"if (ty == 0 && live) out[r] = {value};"]
+        return body, filled
+
+    body, filled = emit_body(multi)
+    if len(filled) > MAX_CACHED:
+        multi = False
+        body, filled = emit_body(False)
+    caches = [
+        f"[[maybe_unused]] {CTYPE[g.values[info.operands[i].id].dtype]} cache{i}[{CACHE}];"
+        for i in sorted(filled)
+    ]
+    body = [*caches, *body]
 
     extra = ["const int64_t rows", "const int64_t cols"] + (["const stitch::Desc odesc"] if full else [])
     part_param = [f"{k.name}_part* __restrict__ parts"] if split_ok else []
@@ -198,7 +255,7 @@ def column_kernel(ks: CudaKernels, info: KernelInfo) -> str:
         *structs,
         f"// {k.name}: reduction over leading/middle dims ({info.max_level} passes), {TILE} outputs a block,",
         f"// the reduced extent split across its warps: {', '.join(k.origins)}",
-        "template <bool SIMPLE>",
+        "template <bool SIMPLE, bool CACHED>",
         f"__global__ void __launch_bounds__({TILE * MAX_WARPS}) {k.name}_kernel(",
         "    " + ",\n    ".join(params) + ") {",
         f"  __shared__ __align__(16) unsigned char smem[{SMEM_BYTES}];",
@@ -226,8 +283,11 @@ def column_kernel(ks: CudaKernels, info: KernelInfo) -> str:
         "  if (rows == 0) return;",
         "  cudaStream_t stream = stitch::current_stream();",
         f"  const bool simple = {' && '.join(general_simple) or 'true'};",
-        # At least 16 positions per warp before adding warps; 8 warps a block unless the extent is long.
-        f"  const int ny = pow2_at_least(cols / 16, 1, {MAX_WARPS // 2});",
+        # At least 16 positions per warp before adding warps, 8 warps a block; a cached column takes up to
+        # MAX_WARPS warps of CACHE positions each.
+        f"  const bool cached = {'true' if multi else 'false'} && cols <= {CACHE * MAX_WARPS};",
+        f"  const int ny = cached ? pow2_at_least((cols + {CACHE - 1}) / {CACHE}, 1, {MAX_WARPS})",
+        f"                        : pow2_at_least(cols / 16, 1, {MAX_WARPS // 2});",
         f"  const int64_t tiles = (rows + {TILE - 1}) / {TILE};",
         "  int64_t splits = 1;",
     ]
@@ -251,9 +311,9 @@ def column_kernel(ks: CudaKernels, info: KernelInfo) -> str:
             "    stitch::Scratch scratch(bytes, stream);",
             f"    auto* parts = static_cast<{k.name}_part*>(scratch.ptr);",
             "    if (simple)",
-            f"      {k.name}_kernel<true><<<grid, ny * 32, 0, stream>>>({launch_args});",
+            f"      {k.name}_kernel<true, false><<<grid, ny * 32, 0, stream>>>({launch_args});",
             "    else",
-            f"      {k.name}_kernel<false><<<grid, ny * 32, 0, stream>>>({launch_args});",
+            f"      {k.name}_kernel<false, false><<<grid, ny * 32, 0, stream>>>({launch_args});",
             "    STITCH_LAUNCH_CHECK();",
             f"    {k.name}_combine<<<static_cast<unsigned>((rows + 255) / 256), 256, 0, stream>>>("
             + ", ".join(args)
@@ -262,11 +322,21 @@ def column_kernel(ks: CudaKernels, info: KernelInfo) -> str:
             "    return;",
             "  }",
         ]
+    cfg = f"<<<grid, ny * 32, 0, stream>>>({plain});"
+    if multi:
+        launcher += [
+            "  if (cached && simple)",
+            f"    {k.name}_kernel<true, true>{cfg}",
+            "  else if (cached)",
+            f"    {k.name}_kernel<false, true>{cfg}",
+            "  else if (simple)",
+        ]
+    else:
+        launcher.append("  if (simple)")
     launcher += [
-        "  if (simple)",
-        f"    {k.name}_kernel<true><<<grid, ny * 32, 0, stream>>>({plain});",
+        f"    {k.name}_kernel<true, false>{cfg}",
         "  else",
-        f"    {k.name}_kernel<false><<<grid, ny * 32, 0, stream>>>({plain});",
+        f"    {k.name}_kernel<false, false>{cfg}",
         "  STITCH_LAUNCH_CHECK();",
     ]
     launcher.append("}")

@@ -23,9 +23,9 @@ from stitchcuda.coder.synth.variants import Variant
 # warps, an ordered combine of block partials) or the grid-wide passes of few long rows.
 MARKERS = {
     "inner": ["_levels(", "block_allreduce"],
-    "middle": ["template <bool SIMPLE>", "_combine<<<"],
-    "outer": ["template <bool SIMPLE>", "_combine<<<"],
-    "several": ["template <bool SIMPLE>", "stitch::col_off<int64_t>"],
+    "middle": ["template <bool SIMPLE, bool CACHED>", "_combine<<<"],
+    "outer": ["template <bool SIMPLE, bool CACHED>", "_combine<<<"],
+    "several": ["template <bool SIMPLE, bool CACHED>", "cache0[j]", "stitch::col_off<int64_t>"],
     "total": ["_levels(", "_combine1<<<", "_combine2<<<", "_store<4>"],
 }
 
@@ -59,7 +59,10 @@ def test_the_split_off_variant_keeps_one_block_per_row(synth: Synthesizer) -> No
     kernels = synth.synthesize(SMALL["total"], None, variant=Variant(split="off"), device="cuda").files
     assert "_levels(" not in kernels["kernels.cu"]
     middle = synth.synthesize(SMALL["middle"], None, variant=Variant(split="off"), device="cuda").files
-    assert "_combine<<<" not in middle["kernels.cu"] and "template <bool SIMPLE>" in middle["kernels.cu"]
+    assert (
+        "_combine<<<" not in middle["kernels.cu"]
+        and "template <bool SIMPLE, bool CACHED>" in middle["kernels.cu"]
+    )
 
 
 def build_cpu(synth: Synthesizer, source: str) -> dict[str, Any]:
