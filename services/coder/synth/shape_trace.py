@@ -176,6 +176,16 @@ class ShapeTracer(torch.fx.Tracer):
             return attr_val
         return super().getattr(attr, attr_val, parameter_proxy_cache)
 
+    def create_arg(self, a: Any) -> Any:
+        # A tensor computed eagerly while tracing would be baked into the program as a constant.
+        tensor = isinstance(a, torch.Tensor) and not isinstance(a, torch.nn.Parameter)
+        if tensor and not any(a is b for b in self.root.buffers()):
+            raise torch.fx.proxy.TraceError(
+                "the forward uses a tensor that is neither an input, a parameter nor a registered buffer "
+                "(made from constants alone, e.g. torch.randn(n), or a plain tensor attribute)"
+            )
+        return super().create_arg(a)
+
     def to_bool(self, obj: torch.fx.Proxy) -> bool:
         value = self.value_of(obj)
         if isinstance(value, torch.Tensor):
@@ -200,19 +210,35 @@ def specialized_trace(model: torch.nn.Module, make_inputs: Callable[[], list[Any
             inputs = list(make_inputs())
     except Exception:  # inputs built from data (.item(), ...): made for real, then faked
         inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in make_inputs()]
-    params = list(inspect.signature(model.forward).parameters.values())
-    defaults = {p.name: p.default for p in params[len(inputs) :] if p.default is not inspect.Parameter.empty}
     tracer = ShapeTracer(inputs, fake_mode)
-    graph = tracer.trace(model, concrete_args=defaults or None)
-    # concrete_args leaves a placeholder and an assertion for each defaulted argument: the program's
-    # forward keeps the reference's signature, and those arguments take no part in the graph.
+    graph = tracer.trace(model, concrete_args=defaults_left_out(model, len(inputs)) or None)
+    drop_defaulted(graph, len(inputs))
+    for node in graph.nodes:
+        node.meta.pop(VALUE, None)
+    return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+
+
+def symbolic_trace(model: torch.nn.Module, count: int) -> torch.fx.GraphModule:
+    """torch.fx's symbolic trace of a forward given `count` inputs: the arguments it leaves out are bound
+    to their defaults, so `if h0 is None:` takes the branch the reference takes (not a proxy's)."""
+    tracer = torch.fx.Tracer()
+    graph = tracer.trace(model, concrete_args=defaults_left_out(model, count) or None)
+    drop_defaulted(graph, count)
+    return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+
+
+def defaults_left_out(model: torch.nn.Module, count: int) -> dict[str, Any]:
+    params = list(inspect.signature(model.forward).parameters.values())[count:]
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
+def drop_defaulted(graph: torch.fx.Graph, count: int) -> None:
+    """concrete_args leaves a placeholder and an assertion for each defaulted argument: the program's
+    forward keeps the reference's signature, and those arguments take no part in the graph."""
     for node in list(graph.nodes):
         if node.op == "call_function" and getattr(node.target, "__name__", "") == "_assert_is_none":
             graph.erase_node(node)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    for node in placeholders[len(inputs) :]:
+    for node in placeholders[count:]:
         if not node.users:
             graph.erase_node(node)
-    for node in graph.nodes:
-        node.meta.pop(VALUE, None)
-    return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)

@@ -26,11 +26,11 @@ from torch.fx.node import Node
 
 if __package__:  # imported by the synthesizer (tests that trace in process)
     from stitchcuda.coder.synth.init_check import LARGE_MODEL_BYTES, compare_constructors, state_bytes
-    from stitchcuda.coder.synth.shape_trace import specialized_trace
+    from stitchcuda.coder.synth.shape_trace import specialized_trace, symbolic_trace
 else:  # a script in the tracing sandbox, where only this folder is visible
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from init_check import LARGE_MODEL_BYTES, compare_constructors, state_bytes
-    from shape_trace import specialized_trace
+    from shape_trace import specialized_trace, symbolic_trace
 
 Retrace = Callable[[torch.nn.Module], torch.fx.GraphModule]
 MISSING_MODULE_HINTS = {
@@ -317,14 +317,40 @@ def global_literals(ns: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def input_count(make_inputs: Callable[[], list[Any]]) -> int:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            return len(make_inputs())
+    except Exception:
+        return len(make_inputs())
+
+
+def assigned_state(model: torch.nn.Module) -> list[str]:
+    """Module attributes the traced forward assigned a traced value to (`self.hidden = ...`)."""
+    return [
+        f"{path}.{key}" if path else key
+        for path, mod in model.named_modules()
+        for key, value in vars(mod).items()
+        if isinstance(value, torch.fx.Proxy)
+    ]
+
+
 def fx_trace(
     model: torch.nn.Module, make_inputs: Callable[[], list[Any]]
 ) -> tuple[torch.fx.GraphModule, Retrace, bool]:
     """The model's graph, how to trace it again (after changing an attribute), and whether the graph
     is specialised to the inputs' shapes: symbolically where torch.fx can, else for the inputs of
     get_inputs() (a forward that reads its input shapes as numbers, loops over them or branches on them)."""
+    count = input_count(make_inputs)
+
+    def symbolic(m: torch.nn.Module) -> torch.fx.GraphModule:
+        gm: torch.fx.GraphModule = symbolic_trace(m, count)
+        return gm
+
     try:
-        return torch.fx.symbolic_trace(model), torch.fx.symbolic_trace, False
+        return symbolic(model), symbolic, False
     except Exception:
         pass
 
@@ -353,6 +379,11 @@ def trace(source: str, init_source: str | None) -> dict[str, Any]:
     with place:
         model = ns["Model"](*init_args)
     gm, retrace, specialized = fx_trace(model, make_inputs)
+    state = assigned_state(model)
+    if state:
+        raise torch.fx.proxy.TraceError(
+            f"the forward assigns self.{state[0]}: state kept from one call to the next is not compiled"
+        )
     inputs, recorder = run_shapes(gm, make_inputs)
     result: dict[str, Any] = {
         "ok": True,

@@ -138,7 +138,35 @@ MHA_CROSS = mha_problem(
     "[torch.randn(3, 4, 8), torch.randn(3, 6, 8)]",
 )
 
-BUILT = {"causal": CAUSAL, "loop": LOOP, "branches": BRANCHES, "mha_self": MHA_SELF, "mha_cross": MHA_CROSS}
+# A state argument get_inputs leaves out: the trace takes the reference's `is None` branch (KernelBench 35).
+DEFAULT_STATE = (
+    HEADER
+    + """class Model(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x, h0=None):
+        if h0 is None:
+            h0 = torch.ones_like(x)
+        return torch.tanh(self.proj(x) + h0)
+
+def get_inputs():
+    return [torch.randn(3, 4)]
+
+def get_init_inputs():
+    return [4]
+"""
+)
+
+BUILT = {
+    "causal": CAUSAL,
+    "loop": LOOP,
+    "branches": BRANCHES,
+    "mha_self": MHA_SELF,
+    "mha_cross": MHA_CROSS,
+    "default_state": DEFAULT_STATE,
+}
 
 
 @pytest.fixture(scope="module")
@@ -308,3 +336,40 @@ def test_constructor_helper_made_by_a_call_is_copied_after_its_maker(synth: Synt
     )
     model_new = synth.synthesize(source, None, variant=Variant(), device="cpu").files["model_new.py"]
     assert 0 < model_new.index("def _tuple_of(n):") < model_new.index("to_pair = _tuple_of(2)")
+
+
+def test_defaulted_arguments_left_out_are_not_program_inputs(synth: Synthesizer) -> None:
+    trace = synth.trace(DEFAULT_STATE)
+    assert not trace.specialized
+    assert [n.name for n in trace.nodes if n.op == "placeholder"] == ["x"]
+    model_new = synth.synthesize(DEFAULT_STATE, None, variant=Variant(), device="cpu").files["model_new.py"]
+    assert "def forward(self, x, h0=None):" in model_new and "ext.forward(x, " in model_new
+
+
+def test_forward_keeping_state_between_calls_is_refused(synth: Synthesizer) -> None:
+    source = HEADER + (
+        "class Model(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.proj = nn.Linear(4, 4)\n"
+        "        self.hidden = torch.zeros(3, 4)\n\n"
+        "    def forward(self, x):\n"
+        "        self.hidden = torch.tanh(self.proj(x) + self.hidden)\n"
+        "        return self.hidden * 2.0\n\n"
+        "def get_inputs():\n    return [torch.randn(3, 4)]\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    with pytest.raises(TraceError, match=r"assigns self\.hidden: state kept"):
+        synth.synthesize(source, None, variant=Variant(), device="cpu")
+
+
+def test_tensor_made_from_constants_in_a_specialised_forward_is_refused(synth: Synthesizer) -> None:
+    source = HEADER + (
+        "class Model(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x + torch.randn(len(x), 4)\n\n"
+        "def get_inputs():\n    return [torch.randn(3, 4)]\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    with pytest.raises(TraceError, match="neither an input, a parameter nor a registered buffer"):
+        synth.synthesize(source, None, variant=Variant(), device="cpu")
