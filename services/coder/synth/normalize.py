@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from stitchcuda.coder.synth.attention import attention_probs, lower_multihead_attention
+from stitchcuda.coder.synth.attention import attention_probs, lib_shaped, lower_multihead_attention
 from stitchcuda.coder.synth.exprs import ALIASES, EW
 from stitchcuda.coder.synth.ir import (
     EW as K_EW,
@@ -441,6 +441,44 @@ class Normalizer:
         if len(self.shape_of(parts[0])) == 0:
             raise Unsupported(f"{node.name}: cat of 0-d tensors")
         return self.lib("cat", parts, {"dim": dim}, node)
+
+    def fn_pad(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        """F.pad in constant mode: per padded dim, a cat of constant blocks around the tensor (the blocks
+        are one constant expanded to their shape, the other sizes read at run time)."""
+        got = dict(zip(["input", "pad", "mode", "value"], args, strict=False)) | kwargs
+        if got.get("mode", "constant") != "constant":
+            raise Unsupported(f"{node.name}: pad mode {got.get('mode')}")
+        value = self.literal(got["value"]) if got.get("value") is not None else 0.0
+        pads = [int(p) for p in self.literal(got["pad"])]
+        x: Ref = got["input"]
+        if any(p < 0 for p in pads) or self.g.values[x.id].dtype != "float32":
+            raise Unsupported(f"{node.name}: pad that crops, or of a non-float tensor")
+        rank = len(self.shape_of(x))
+        for i in range(len(pads) // 2):
+            dim, widths = rank - 1 - i, pads[2 * i : 2 * i + 2]
+            if widths == [0, 0]:
+                continue
+            parts = [self.constant_block(x, dim, w, float(value), node.name) if w else None for w in widths]
+            shape = list(self.shape_of(x))
+            shape[dim] += sum(widths)
+            x = lib_shaped(self, "cat", [p for p in (parts[0], x, parts[1]) if p is not None], {"dim": dim},
+                           tuple(shape), node.name)  # fmt: skip
+        return x
+
+    def constant_block(self, like: Ref, dim: int, width: int, value: float, origin: str) -> Ref:
+        """`value` expanded to like's shape with `width` along dim (a view: stride 0 everywhere)."""
+        one = self.emit_ew("identity", [Const(value)], [], origin)
+        sizes: list[Any] = []
+        for d, extent in enumerate(self.shape_of(like)):
+            if d == dim:
+                sizes.append(Const(width))
+                continue
+            ident = self.fresh(origin)
+            self.g.add_value(Value(ident, "int", const=extent))
+            self.g.add_op(Op(HOST, "size", ident, [like, Const(d)], origin=origin))
+            sizes.append(Ref(ident))
+        shape = tuple(width if d == dim else s for d, s in enumerate(self.shape_of(like)))
+        return self.view_op("expand", one, {"args": sizes, "kwargs": {}}, shape, origin)
 
     def tensor_literal(self, node: TracedNode, args: list[Any]) -> Ref:
         """`torch.tensor(number)`: a 0-d constant, folded into the kernels that read it."""

@@ -159,7 +159,24 @@ def get_init_inputs():
 """
 )
 
+# Constant padding of the two last dims (Swin's shifted windows), and of one with the default value.
+PAD = (
+    HEADER
+    + """class Model(nn.Module):
+    def forward(self, x):
+        y = F.pad(x, [1, 2, 0, 3], "constant", 0.5) * 2.0
+        return y + F.pad(x, (1, 2)).sum(dim=1, keepdim=True)
+
+def get_inputs():
+    return [torch.randn(2, 3, 4)]
+
+def get_init_inputs():
+    return []
+"""
+)
+
 BUILT = {
+    "pad": PAD,
     "causal": CAUSAL,
     "loop": LOOP,
     "branches": BRANCHES,
