@@ -5,8 +5,10 @@ and sums over 10^8 elements within 1e-6."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "coder"))
 
-from reduce_problems import SMALL, layouts, problem  # noqa: E402
-from test_synth_gpu import synth  # noqa: E402, F401  (the module's Synthesizer fixture)
+from reduce_problems import KINDS, SMALL, layouts, problem  # noqa: E402
 
 from stitchcuda.coder.synth.synthesizer import Synthesizer  # noqa: E402
 from stitchcuda.coder.synth.variants import Variant  # noqa: E402
@@ -40,7 +41,12 @@ ALIGNED = {
         "(4, 3, 300000)", "(64, 513, 1024)", "(4096, 96)", "(8, 64, 32, 32)", "(4, 1024, 1024)"
     ).items()
 }
-CASES = {**SMALL, **LARGE, **ALIGNED}
+# Rows enough for a warp per row (rows >= 64 per SM): odd rows (scalar loads), rows a warp caches, longer ones.
+MANY_ROWS = {
+    f"many_rows_{shape}": problem("(" + KINDS.format(d=-1) + ")", f"[torch.randn{shape}]")
+    for shape in ("(300, 31, 33)", "(100, 90, 256)", "(100, 90, 516)")
+}
+CASES = {**SMALL, **LARGE, **ALIGNED, **MANY_ROWS}
 
 # 10^8 positive elements: a float accumulator over them drifts by ~1e-3 relative (the Frobenius-norm bug).
 ACCURACY = problem(
@@ -49,11 +55,12 @@ ACCURACY = problem(
 )
 
 
-def build_source(synth: Synthesizer, source: str, variant: Variant) -> str:  # noqa: F811
-    """Builds the program of a reference source like test_synth_gpu.build; returns model_new.py."""
+def build_job(source: str, variant: Variant) -> dict[str, Any]:
+    """Worker process: synthesizes and builds one program as test_synth_gpu.build does; returns the load()
+    arguments (a second load() in the test process finds the build up to date) and model_new.py."""
     from torch.utils.cpp_extension import load
 
-    synthesis = synth.synthesize(source, None, variant=variant, device="cuda")
+    synthesis = Synthesizer(in_process=True).synthesize(source, None, variant=variant, device="cuda")
     ext_name = synthesis.build.extension_name
     root = (
         Path(os.environ.get("STITCH_TEST_BUILD_DIR", Path.home() / ".cache" / "stitchcuda-tests")) / ext_name
@@ -61,15 +68,44 @@ def build_source(synth: Synthesizer, source: str, variant: Variant) -> str:  # n
     root.mkdir(parents=True, exist_ok=True)
     for path, content in synthesis.files.items():
         (root / path).write_text(content)
-    sys.modules[ext_name] = load(
-        name=ext_name,
-        sources=[str(root / s) for s in synthesis.build.sources],
-        extra_cflags=list(synthesis.build.cflags),
-        extra_cuda_cflags=list(synthesis.build.cuda_cflags),
-        extra_ldflags=list(synthesis.build.ldflags),
-        build_directory=str(root),
-    )
-    return synthesis.files["model_new.py"]
+    spec = {
+        "name": ext_name,
+        "sources": [str(root / s) for s in synthesis.build.sources],
+        "extra_cflags": list(synthesis.build.cflags),
+        "extra_cuda_cflags": list(synthesis.build.cuda_cflags),
+        "extra_ldflags": list(synthesis.build.ldflags),
+        "build_directory": str(root),
+    }
+    load(**spec)
+    return {"load": spec, "model_new": synthesis.files["model_new.py"]}
+
+
+JOBS = {
+    **{(name, "default"): (source, Variant()) for name, source in CASES.items()},
+    **{
+        (f"large_{name}", "scalar_unsplit"): (LARGE[f"large_{name}"], Variant(vec="1", split="off"))
+        for name in ("inner", "middle")
+    },
+    ("accuracy", "default"): (ACCURACY, Variant()),
+}
+
+
+@pytest.fixture(scope="module")
+def programs() -> dict[tuple[str, str], Future[dict[str, Any]]]:
+    """Every program of this module, built in parallel worker processes (spawned: no CUDA context)."""
+    workers = max(2, (os.cpu_count() or 4) // 2)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {key: pool.submit(build_job, *job) for key, job in JOBS.items()}
+        wait(list(futures.values()))
+    return futures
+
+
+def built(programs: dict[tuple[str, str], Future[dict[str, Any]]], key: tuple[str, str]) -> str:
+    from torch.utils.cpp_extension import load
+
+    result = programs[key].result()  # a failed synthesis or build raises here, in its own test
+    sys.modules[result["load"]["name"]] = load(**result["load"])
+    return str(result["model_new"])
 
 
 def compare_all(source: str, model_new: str, tolerance: float) -> None:
@@ -96,15 +132,17 @@ def compare_all(source: str, model_new: str, tolerance: float) -> None:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_reductions_match_float64(synth: Synthesizer, name: str) -> None:  # noqa: F811
-    compare_all(CASES[name], build_source(synth, CASES[name], Variant()), 1e-5)
+def test_reductions_match_float64(programs: dict[tuple[str, str], Any], name: str) -> None:
+    compare_all(CASES[name], built(programs, (name, "default")), 1e-5)
 
 
 @pytest.mark.parametrize("name", ["inner", "middle"])
-def test_scalar_and_unsplit_variants_match_too(synth: Synthesizer, name: str) -> None:  # noqa: F811
+def test_scalar_and_unsplit_variants_match_too(programs: dict[tuple[str, str], Any], name: str) -> None:
     source = LARGE[f"large_{name}"]
-    compare_all(source, build_source(synth, source, Variant(vec="1", split="off")), 1e-5)
+    compare_all(source, built(programs, (f"large_{name}", "scalar_unsplit")), 1e-5)
 
 
-def test_sums_over_a_hundred_million_elements_keep_fp32_accuracy(synth: Synthesizer) -> None:  # noqa: F811
-    compare_all(ACCURACY, build_source(synth, ACCURACY, Variant()), 1e-6)
+def test_sums_over_a_hundred_million_elements_keep_fp32_accuracy(
+    programs: dict[tuple[str, str], Any],
+) -> None:
+    compare_all(ACCURACY, built(programs, ("accuracy", "default")), 1e-6)

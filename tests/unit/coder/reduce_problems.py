@@ -7,7 +7,8 @@ from __future__ import annotations
 KINDS = (
     "torch.sum(x, {d}), torch.mean(x, {d}), torch.amax(x, {d}), torch.min(x, {d})[0], "
     "torch.argmax(x, {d}), torch.argmin(x, {d}), torch.prod(torch.sign(x), {d}), "
-    "torch.norm(x, dim={d}), x / torch.sum(torch.abs(x), {d}, keepdim=True)"
+    "torch.norm(x, dim={d}), x / torch.sum(torch.abs(x), {d}, keepdim=True), torch.softmax(x, {d}), "
+    "torch.log_softmax(x, {d}), torch.logsumexp(x, {d}), torch.var(x, dim={d})"
 )
 
 
