@@ -80,6 +80,16 @@ def build_job(source: str, variant: Variant) -> dict[str, Any]:
     return {"load": spec, "model_new": synthesis.files["model_new.py"]}
 
 
+# Softmax rows with -inf (masked), all -inf, NaN and +inf entries: a warp per row (9000 rows of 300) and a
+# block per row (64 rows of 1000); the program must match torch's own result, NaNs included. (logsumexp is
+# left out: torch masks an infinite maximum to 0 there, which the synthesizer's lowering does not.)
+SPECIAL = {
+    shape: problem(
+        "(torch.softmax(x, -1), torch.log_softmax(x, -1), torch.logsumexp(x, -1))", f"[torch.randn{shape}]"
+    )
+    for shape in ("(9000, 300)", "(64, 1000)")
+}
+
 JOBS = {
     **{(name, "default"): (source, Variant()) for name, source in CASES.items()},
     **{
@@ -87,6 +97,7 @@ JOBS = {
         for name in ("inner", "middle")
     },
     ("accuracy", "default"): (ACCURACY, Variant()),
+    **{(f"special_{shape}", "default"): (source, Variant()) for shape, source in SPECIAL.items()},
 }
 
 
@@ -146,3 +157,25 @@ def test_sums_over_a_hundred_million_elements_keep_fp32_accuracy(
     programs: dict[tuple[str, str], Any],
 ) -> None:
     compare_all(ACCURACY, built(programs, ("accuracy", "default")), 1e-6)
+
+
+@pytest.mark.parametrize("shape", list(SPECIAL))
+def test_softmax_rows_with_infinities_and_nan_match_torch(
+    programs: dict[tuple[str, str], Any], shape: str
+) -> None:
+    ns: dict[str, Any] = {"__name__": "reference"}
+    exec(compile(SPECIAL[shape], "reference.py", "exec"), ns)
+    mn: dict[str, Any] = {"__name__": "model_new"}
+    exec(compile(built(programs, (f"special_{shape}", "default")), "model_new.py", "exec"), mn)
+    torch.manual_seed(41)
+    (x,) = [t.cuda() for t in ns["get_inputs"]()]
+    half = x.shape[1] // 2
+    x[0, :half] = -torch.inf  # a masked half
+    x[1] = -torch.inf  # all masked: NaN in torch
+    x[2, 7] = torch.nan
+    x[3, 5] = torch.inf
+    x[4, 3:] = -torch.inf  # one finite element left
+    with torch.no_grad():
+        got, want = mn["ModelNew"]().cuda()(x), ns["Model"]().cuda()(x)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, equal_nan=True)

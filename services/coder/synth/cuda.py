@@ -14,6 +14,7 @@ from stitchcuda.coder.synth.codegen import (
     CTYPE,
     Host,
     KernelInfo,
+    Reduction,
     Scope,
     acc_combine,
     acc_final,
@@ -60,6 +61,34 @@ __device__ __forceinline__ T block_allreduce(T v, F combine, T* smem) {
   T total = smem[0];
   for (int w = 1; w < nwarps; ++w) total = combine(total, smem[w]);
   return total;
+}
+
+// A softmax's running maximum and sum of exp(x - m), as the two passes compute them: NaN poisons the sum
+// (the row is NaN either way), +inf makes it NaN (exp(inf - inf)), -inf elements add nothing.
+struct MaxSum {
+  float m;
+  float s;
+};
+__device__ __forceinline__ MaxSum maxsum_add(MaxSum a, float x) {
+  if (x > a.m) {
+    a.s = x == INFINITY ? NAN : a.s * expf(a.m - x) + 1.0f;
+    a.m = x;
+  } else if (x != x) {
+    a.s = x;
+  } else if (a.m != -INFINITY) {
+    a.s += expf(x - a.m);
+  }
+  return a;
+}
+__device__ __forceinline__ MaxSum maxsum_combine(MaxSum a, MaxSum b) {
+  const float m = a.m > b.m ? a.m : b.m;
+  // A part whose maximum is -inf holds only zeros (or NaN): scaled by 0, never by exp(NaN).
+  const float sa = a.s * (a.m == -INFINITY ? 0.0f : expf(a.m - m));
+  const float sb = b.s * (b.m == -INFINITY ? 0.0f : expf(b.m - m));
+  return MaxSum{m, sa + sb};
+}
+__device__ __forceinline__ MaxSum shfl_xor(MaxSum v, int o) {
+  return MaxSum{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
 }
 
 // WARP: the lanes of a warp combine by shuffles alone (a warp per row); otherwise the whole block.
@@ -533,6 +562,29 @@ class CudaKernels:
                 "}",
             ]
 
+        pair = online_softmax_pair(info)
+
+        def online_pass(row_scope: Scope) -> list[str]:
+            """A softmax's max and sum of exp(x - max) in one pass (a running max, the sum rescaled)."""
+            assert pair is not None
+            r1, r2 = pair
+
+            def inner(vector: bool) -> list[str]:
+                sc = Scope(self.g, info.ops, scalar, element_load(vector), parent=row_scope)
+                x = sc.need(r1.op.args[0].id)
+                return [*sc.lines, f"ms = maxsum_add(ms, {x});"]
+
+            m, t = local_var(r1.op.out), local_var(r2.op.out)
+            row_scope.names[r1.op.out], row_scope.names[r2.op.out] = m, t
+            return [
+                "MaxSum ms{-INFINITY, 0.0f};",
+                *column_loop(inner, "0", "cols", True),
+                "ms = group_allreduce<WARP, MaxSum>(ms, [](MaxSum x, MaxSum y) "
+                "{ return maxsum_combine(x, y); }, reinterpret_cast<MaxSum*>(smem));",
+                f"const float {m} = ms.m;",
+                f"const float {t} = ms.s;",
+            ]
+
         def row_body(acc_map: dict[str, str]) -> list[str]:
             row_scope = Scope(self.g, info.ops, scalar, row_load)
             lines = bases()
@@ -540,6 +592,14 @@ class CudaKernels:
             lines += row_scope.lines
             for level in range(1, info.max_level + 1):
                 row_scope.lines = []
+                if pair is not None and level == 2:
+                    continue  # computed with level 1
+                if pair is not None and level == 1:
+                    lines += online_pass(row_scope)
+                    row_section(row_scope, 1)
+                    row_section(row_scope, 2)
+                    lines += row_scope.lines
+                    continue
                 lines += element_pass(row_scope, level, "0", "cols", acc_map, cache=True)
                 lines += reduce_block(level, acc_map)
                 lines += finalize(row_scope, level, acc_map)
@@ -845,6 +905,30 @@ class CudaKernels:
         else:
             self.functions.append(self.pool(info))
         return launch_lines(info, host, backend="cuda")
+
+
+def online_softmax_pair(info: KernelInfo) -> tuple[Reduction, Reduction] | None:
+    """(max, sum) of a softmax-shaped row kernel: level 1 is amax(x) alone, level 2 sum(exp(x - max)) alone.
+
+    Those two take one pass with a running maximum (the sum rescaled when it grows) instead of two.
+    """
+    lv1 = [r for r in info.reductions if r.level == 1]
+    lv2 = [r for r in info.reductions if r.level == 2]
+    if len(lv1) != 1 or len(lv2) != 1 or lv1[0].op.fn != "amax" or lv2[0].op.fn != "sum":
+        return None
+    r1, r2 = lv1[0], lv2[0]
+    exp = info.ops.get(r2.op.args[0].id) if isinstance(r2.op.args[0], Ref) else None
+    if exp is None or exp.kind != "ew" or exp.fn != "exp" or not isinstance(exp.args[0], Ref):
+        return None
+    sub = info.ops.get(exp.args[0].id)
+    if sub is None or sub.kind != "ew" or sub.fn != "sub":
+        return None
+    if sub.args != [r1.op.args[0], Ref(r1.op.out)] or not isinstance(r1.op.args[0], Ref):
+        return None
+    # The maximum's argument must be a per-element value (not a row value, which a row pass would not see).
+    if info.row_level.get(r1.op.args[0].id, False):
+        return None
+    return r1, r2
 
 
 KERNELS_FILE = "kernels.cu"
