@@ -46,7 +46,20 @@ MANY_ROWS = {
     f"many_rows_{shape}": problem("(" + KINDS.format(d=-1) + ")", f"[torch.randn{shape}]")
     for shape in ("(300, 31, 33)", "(100, 90, 256)", "(100, 90, 516)")
 }
-CASES = {**SMALL, **LARGE, **ALIGNED, **MANY_ROWS}
+# Normalizations whose mean and variance take one pass (sums of x and x^2 in double), on data far from zero:
+# a LayerNorm over 65536 positions of 4 rows (grid-wide passes), a GroupNorm (a block per group), a LayerNorm
+# over rows of 300 (a warp per row).
+NORMS = (
+    "import torch\nimport torch.nn as nn\n\n"
+    "class Model(nn.Module):\n"
+    "    def __init__(self):\n        super().__init__()\n"
+    "        self.ln = nn.LayerNorm((64, 32, 32))\n        self.gn = nn.GroupNorm(4, 64)\n"
+    "        self.rows = nn.LayerNorm(300)\n\n"
+    "    def forward(self, x, y):\n        return self.ln(x), self.gn(x), self.rows(y)\n\n"
+    "def get_inputs():\n    return [torch.randn(4, 64, 32, 32) * 3 + 100, torch.randn(9000, 300) - 50]\n\n"
+    "def get_init_inputs():\n    return []\n"
+)
+CASES = {**SMALL, **LARGE, **ALIGNED, **MANY_ROWS, "norms": NORMS}
 
 # 10^8 positive elements: a float accumulator over them drifts by ~1e-3 relative (the Frobenius-norm bug).
 ACCURACY = problem(
@@ -124,7 +137,10 @@ def compare_all(source: str, model_new: str, tolerance: float) -> None:
     exec(compile(source, "reference.py", "exec"), ns)
     mn: dict[str, Any] = {"__name__": "model_new"}
     exec(compile(model_new, "model_new.py", "exec"), mn)
-    ref, new = ns["Model"]().cuda(), mn["ModelNew"]().cuda()
+    torch.manual_seed(0)
+    ref = ns["Model"]().cuda().double()
+    torch.manual_seed(0)
+    new = mn["ModelNew"]().cuda()
     for seed in (31, 32):
         torch.manual_seed(seed)
         inputs = [x.cuda() for x in ns["get_inputs"]()]

@@ -14,7 +14,6 @@ from stitchcuda.coder.synth.codegen import (
     CTYPE,
     Host,
     KernelInfo,
-    Reduction,
     Scope,
     acc_combine,
     acc_final,
@@ -27,6 +26,7 @@ from stitchcuda.coder.synth.codegen import (
 from stitchcuda.coder.synth.cpu import indent, launch_lines
 from stitchcuda.coder.synth.cuda_columns import column_kernel
 from stitchcuda.coder.synth.cuda_levels import BLOCK_GROUP, split_levels
+from stitchcuda.coder.synth.cuda_patterns import moments_finish, moments_pair, online_softmax_pair
 from stitchcuda.coder.synth.fusion import Program
 from stitchcuda.coder.synth.ir import Attr, Ref, Unsupported
 from stitchcuda.coder.synth.runtime import HEADER_NAME, operator_includes
@@ -585,17 +585,49 @@ class CudaKernels:
                 f"const float {t} = ms.s;",
             ]
 
+        moments = None if pair is not None else moments_pair(info)
+
+        def moments_accumulate(row_scope: Scope, c_begin: str, c_end: str, cache: bool) -> list[str]:
+            """Sums of x and x^2 (double) over [c_begin, c_end) of the row, into m1 and m2."""
+            assert moments is not None
+
+            def inner(vector: bool) -> list[str]:
+                sc = Scope(self.g, info.ops, scalar, element_load(vector), parent=row_scope)
+                x = sc.need(moments[0].op.args[0].id)
+                return [
+                    *sc.lines,
+                    f"{{ const double xd = static_cast<double>({x}); m1 += xd; m2 += xd * xd; }}",
+                ]
+
+            return ["double m1 = 0.0, m2 = 0.0;", *column_loop(inner, c_begin, c_end, cache)]
+
+        def moments_pass(row_scope: Scope) -> list[str]:
+            """A normalization's mean and variance in one pass (the variance as E[x^2] - E[x]^2 in double)."""
+            assert moments is not None
+            m, v = local_var(moments[0].op.out), local_var(moments[1].op.out)
+            row_scope.names[moments[0].op.out], row_scope.names[moments[1].op.out] = m, v
+            return [
+                *moments_accumulate(row_scope, "0", "cols", True),
+                *[
+                    f"{a} = group_allreduce<WARP, double>({a}, [](double x, double y) {{ return x + y; }}, "
+                    "reinterpret_cast<double*>(smem));"
+                    for a in ("m1", "m2")
+                ],
+                *moments_finish(m, v, "m1", "m2"),
+            ]
+
         def row_body(acc_map: dict[str, str]) -> list[str]:
             row_scope = Scope(self.g, info.ops, scalar, row_load)
             lines = bases()
             row_section(row_scope, 0)
             lines += row_scope.lines
+            fused = online_pass if pair is not None else (moments_pass if moments is not None else None)
             for level in range(1, info.max_level + 1):
                 row_scope.lines = []
-                if pair is not None and level == 2:
+                if fused is not None and level == 2:
                     continue  # computed with level 1
-                if pair is not None and level == 1:
-                    lines += online_pass(row_scope)
+                if fused is not None and level == 1:
+                    lines += fused(row_scope)
                     row_section(row_scope, 1)
                     row_section(row_scope, 2)
                     lines += row_scope.lines
@@ -664,6 +696,7 @@ class CudaKernels:
                 row_load,
                 element_load,
                 used,
+                (moments, moments_accumulate) if moments is not None else None,
             )
         align = " && ".join(f"aligned16({p})" for p in [*self.contig_ptrs(info), "out"])
         vec_cond = f"{align} && cols % 4 == 0" if vec_ok else "false"
@@ -905,30 +938,6 @@ class CudaKernels:
         else:
             self.functions.append(self.pool(info))
         return launch_lines(info, host, backend="cuda")
-
-
-def online_softmax_pair(info: KernelInfo) -> tuple[Reduction, Reduction] | None:
-    """(max, sum) of a softmax-shaped row kernel: level 1 is amax(x) alone, level 2 sum(exp(x - max)) alone.
-
-    Those two take one pass with a running maximum (the sum rescaled when it grows) instead of two.
-    """
-    lv1 = [r for r in info.reductions if r.level == 1]
-    lv2 = [r for r in info.reductions if r.level == 2]
-    if len(lv1) != 1 or len(lv2) != 1 or lv1[0].op.fn != "amax" or lv2[0].op.fn != "sum":
-        return None
-    r1, r2 = lv1[0], lv2[0]
-    exp = info.ops.get(r2.op.args[0].id) if isinstance(r2.op.args[0], Ref) else None
-    if exp is None or exp.kind != "ew" or exp.fn != "exp" or not isinstance(exp.args[0], Ref):
-        return None
-    sub = info.ops.get(exp.args[0].id)
-    if sub is None or sub.kind != "ew" or sub.fn != "sub":
-        return None
-    if sub.args != [r1.op.args[0], Ref(r1.op.out)] or not isinstance(r1.op.args[0], Ref):
-        return None
-    # The maximum's argument must be a per-element value (not a row value, which a row pass would not see).
-    if info.row_level.get(r1.op.args[0].id, False):
-        return None
-    return r1, r2
 
 
 KERNELS_FILE = "kernels.cu"

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from stitchcuda.coder.synth.codegen import (
     CTYPE,
     KernelInfo,
+    Reduction,
     Scope,
     acc_combine,
     acc_final,
@@ -20,6 +21,7 @@ from stitchcuda.coder.synth.codegen import (
     local_var,
 )
 from stitchcuda.coder.synth.cpu import indent
+from stitchcuda.coder.synth.cuda_patterns import moments_finish
 
 # The row helpers' names for a kernel whose whole block works on one row.
 BLOCK_GROUP = [
@@ -44,10 +46,14 @@ def split_levels(
     row_load: Callable[[str], str],
     element_load: Callable[[bool], Callable[[str], str]],
     used: set[int],
+    moments: tuple[tuple[Reduction, Reduction], Callable[[Scope, str, str, bool], list[str]]] | None = None,
 ) -> list[str]:
+    """With `moments` (a mean and a variance of levels 1 and 2, and the code summing x and x^2), level 1's
+    passes compute both and level 2 has none."""
     k = info.kernel
     g = ks.g
     name = k.name
+    levels = [lv for lv in range(1, info.max_level + 1) if not (moments and lv == 2)]
     # Double sums across the chunks and the combine: a sum over 10^9 elements keeps fp32 accuracy.
     accs = {r.op.out: acc_type(r.op.fn, ks.variant.acc, default_double=True) for r in info.reductions}
     slot = {red.op.out: j for j, red in enumerate(info.reductions)}
@@ -56,8 +62,10 @@ def split_levels(
         *[f"  {CTYPE[g.values[red.op.out].dtype]} v{j};" for j, red in enumerate(info.reductions)],
         "};",
     ]
-    for level in range(1, info.max_level + 1):
-        reds = [red for red in info.reductions if red.level == level]
+    for level in levels:
+        reds = [
+            red for red in info.reductions if red.level in ((1, 2) if moments and level == 1 else (level,))
+        ]
         structs += [
             f"struct {name}_part{level} {{",
             *[f"  {accs[red.op.out]} a{slot[red.op.out]};" for red in reds],
@@ -90,16 +98,30 @@ def split_levels(
     ]
     params = ks.kernel_params(info, ["const int64_t rows", "const int64_t cols"])
     kernels: list[str] = []
-    for level in range(1, info.max_level + 1):
+
+    def sum_all(names: list[str]) -> list[str]:
+        return [
+            f"{a} = group_allreduce<WARP, double>({a}, [](double x, double y) {{ return x + y; }}, "
+            "reinterpret_cast<double*>(smem));"
+            for a in names
+        ]
+
+    for level in levels:
         reds = [red for red in info.reductions if red.level == level]
         scope = Scope(g, info.ops, scalar, row_load)
         body = [*chunk, *bases(), *restore(scope, level - 1)]
-        body += element_pass(scope, level, "c_lo", "c_hi", accs)
-        body += reduce_block(level, accs)
+        if moments and level == 1:
+            (r1, r2), accumulate = moments
+            body += [*accumulate(scope, "c_lo", "c_hi", False), *sum_all(["m1", "m2"])]
+            stores = [f"  p.a{slot[r1.op.out]} = m1;", f"  p.a{slot[r2.op.out]} = m2;"]
+        else:
+            body += element_pass(scope, level, "c_lo", "c_hi", accs)
+            body += reduce_block(level, accs)
+            stores = [f"  p.a{slot[red.op.out]} = a_{local_var(red.op.out)};" for red in reds]
         body += [
             "if (threadIdx.x == 0) {",
             f"  {name}_part{level} p;",
-            *[f"  p.a{slot[red.op.out]} = a_{local_var(red.op.out)};" for red in reds],
+            *stores,
             "  parts[r * splits + s] = p;",
             "}",
         ]
@@ -124,6 +146,24 @@ def split_levels(
             "}",
             "",
         ]
+        if moments and level == 1:
+            (r1, r2), _ = moments
+            j1, j2 = slot[r1.op.out], slot[r2.op.out]
+            combine = [
+                "double m1 = 0.0, m2 = 0.0;",
+                "for (int64_t s = threadIdx.x; s < splits; s += blockDim.x) {",
+                f"  m1 += parts[r * splits + s].a{j1};",
+                f"  m2 += parts[r * splits + s].a{j2};",
+                "}",
+                *sum_all(["m1", "m2"]),
+                "if (threadIdx.x == 0) {",
+                *indent(moments_finish("mean_", "var_f", "m1", "m2"), 2),
+                f"  rowv[r].v{j1} = mean_;",
+                f"  rowv[r].v{j2} = var_f;",
+                "}",
+            ]
+        else:
+            combine = []
         gather = []
         for red in reds:
             acc, a = accs[red.op.out], "a_" + local_var(red.op.out)
@@ -152,16 +192,14 @@ def split_levels(
             "  __shared__ __align__(16) unsigned char smem[512];",
             *indent(BLOCK_GROUP, 2),
             "  const int64_t r = blockIdx.x;",
-            *indent(gather, 2),
-            *indent(reduce_block(level, accs), 2),
-            "  if (threadIdx.x == 0) {",
-            *write,
-            "  }",
+            *indent(
+                combine or [*gather, *reduce_block(level, accs), "if (threadIdx.x == 0) {", *write, "}"], 2
+            ),
             "}",
             "",
         ]
     kernels += final_kernel(ks, info, restore, bases, scalar, row_load, element_load, used, chunk, params)
-    host = host_function(ks, info)
+    host = host_function(ks, info, levels)
     return [*structs, "", *kernels, "", *host]
 
 
@@ -245,7 +283,7 @@ def final_kernel(
     ]
 
 
-def host_function(ks: CudaKernels, info: KernelInfo) -> list[str]:
+def host_function(ks: CudaKernels, info: KernelInfo, levels: list[int]) -> list[str]:
     k = info.kernel
     g = ks.g
     name = k.name
@@ -279,7 +317,7 @@ def host_function(ks: CudaKernels, info: KernelInfo) -> list[str]:
         f"auto* rowv = static_cast<{name}_rowv*>(row_scratch.ptr);",
         "const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(rows));",
     ]
-    for level in range(1, info.max_level + 1):
+    for level in levels:
         part = f"{name}_part{level}"
         body += [
             "{",

@@ -187,3 +187,35 @@ def test_values_of_max_over_a_dim_cost_one_kernel(synth: Synthesizer, device: st
     both = problem("tuple(torch.max(x, dim=1))", "[torch.randn(4, 5, 6)]")
     host = synth.synthesize(both, None, variant=Variant(), device=device).files["forward.cpp"]
     assert host.count("// ---- k") == 2
+
+
+FUSED_PASSES = (
+    "import torch\nimport torch.nn as nn\n\n"
+    "class Model(nn.Module):\n"
+    "    def __init__(self):\n        super().__init__()\n        self.ln = nn.LayerNorm((7, 33))\n\n"
+    "    def forward(self, x):\n        return self.ln(x), torch.softmax(x, -1), torch.log_softmax(x, -1)\n\n"
+    "def get_inputs():\n    return [torch.randn(5, 7, 33)]\n\n"
+    "def get_init_inputs():\n    return []\n"
+)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_softmax_and_normalization_statistics_take_one_pass(synth: Synthesizer, tmp_path: Path) -> None:
+    """A softmax's max and sum (a running maximum) and a LayerNorm's mean and variance (sums of x and x^2)
+    are each one pass over the row: in the row kernels and in the grid-wide passes of few long rows."""
+    assert NVCC is not None
+    kernels = synth.synthesize(FUSED_PASSES, None, variant=Variant(), device="cuda").files["kernels.cu"]
+    assert kernels.count("ms = maxsum_add(ms, ") >= 2 * 3  # softmax and log-softmax, each VEC/CACHED form
+    assert "m1 += xd; m2 += xd * xd;" in kernels
+    # LayerNorm's grid-wide form: one pass and one combine for both statistics, no second level.
+    assert "k0_pass1" in kernels and "k0_pass2" not in kernels
+    (tmp_path / "kernels.cu").write_text(kernels)
+    (tmp_path / "stitch_runtime.h").write_text(
+        synth.synthesize(FUSED_PASSES, None, variant=Variant(), device="cuda").files["stitch_runtime.h"]
+    )
+    done = subprocess.run(
+        [NVCC, "-c", str(tmp_path / "kernels.cu"), "-o", str(tmp_path / "kernels.o"), "-O3", "-std=c++17",
+         "--expt-relaxed-constexpr", "-gencode=arch=compute_90,code=sm_90", "--compiler-options", "-fPIC"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
