@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "coder"))
 
-from reduce_problems import KINDS, SMALL, layouts, problem  # noqa: E402
+from reduce_problems import KINDS, POOLING, SMALL, layouts, problem  # noqa: E402
 
 from stitchcuda.coder.synth.synthesizer import Synthesizer  # noqa: E402
 from stitchcuda.coder.synth.variants import Variant  # noqa: E402
@@ -59,7 +59,7 @@ NORMS = (
     "def get_inputs():\n    return [torch.randn(4, 64, 32, 32) * 3 + 100, torch.randn(9000, 300) - 50]\n\n"
     "def get_init_inputs():\n    return []\n"
 )
-CASES = {**SMALL, **LARGE, **ALIGNED, **MANY_ROWS, "norms": NORMS}
+CASES = {**SMALL, **LARGE, **ALIGNED, **MANY_ROWS, "norms": NORMS, "pooling": POOLING}
 
 # 10^8 positive elements: a float accumulator over them drifts by ~1e-3 relative (the Frobenius-norm bug).
 ACCURACY = problem(

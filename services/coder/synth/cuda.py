@@ -889,24 +889,32 @@ class CudaKernels:
         from stitchcuda.coder.synth.cpu import CpuKernels
 
         # The window arithmetic is the CPU kernel's, run with one thread per output element.
-        body = CpuKernels(self.p, self.variant).pool_body(info, desc="D.d")
+        # Index arithmetic in I: 32-bit wherever the input and the output have fewer than 2^31 elements (the
+        # window's divisions and multiplies in 64 bits made pooling compute-bound).
+        body = [
+            line.replace("int64_t", "I")
+            for line in CpuKernels(self.p, self.variant).pool_body(info, desc="D.d")
+        ]
         k = info.kernel
         pool = k.pool
         assert pool is not None
         nd = pool.attrs["nd"]
         dims = ["d", "h", "w"][3 - nd :]
-        sizes = [f"const int64_t I{d.upper()}" for d in dims] + [f"const int64_t O{d.upper()}" for d in dims]
-        params = self.kernel_params(info, ["const int64_t total", *sizes])
+        names = [f"I{d.upper()}" for d in dims] + [f"O{d.upper()}" for d in dims]
+        sizes = [f"const int64_t {n}_" for n in names]
+        params = self.kernel_params(info, ["const int64_t total_", *sizes])
         block = self.block
         kernel = [
             *self.desc_struct(info),
             "",
             f"// {k.name}: {pool.fn} over {', '.join(k.origins)}; one thread per output element.",
+            "template <typename I>",
             f"__global__ void __launch_bounds__({block}) {k.name}_kernel(",
             "    " + ",\n    ".join(params) + ") {",
             *indent(self.scalar_setup(info), 2),
-            "  for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;",
-            "       o += static_cast<int64_t>(gridDim.x) * blockDim.x) {",
+            *[f"  const I {n} = static_cast<I>({n}_);" for n in ["total", *names]],
+            "  for (I o = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;",
+            "       o += static_cast<I>(gridDim.x) * blockDim.x) {",
             *indent(body, 4),
             "  }",
             "}",
@@ -923,7 +931,17 @@ class CudaKernels:
             "  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>("
             f"(total + {block - 1}) / {block}, "
             f"static_cast<int64_t>(sm_count()) * {max(2048 // block, 1)}));",
-            f"  {k.name}_kernel<<<blocks, {block}, 0, stream>>>({pool_args});",
+            # The input's elements: the output's, each window's plane grown from O to I.
+            "  const int64_t in_numel = total / std::max<int64_t>(1, "
+            + " * ".join(f"O{d.upper()}" for d in dims)
+            + ") * "
+            + " * ".join(f"I{d.upper()}" for d in dims)
+            + ";",
+            # 2^30: o plus the grid's stride must not wrap either.
+            "  if (total < (int64_t(1) << 30) && in_numel < (int64_t(1) << 31))",
+            f"    {k.name}_kernel<int32_t><<<blocks, {block}, 0, stream>>>({pool_args});",
+            "  else",
+            f"    {k.name}_kernel<int64_t><<<blocks, {block}, 0, stream>>>({pool_args});",
             "  STITCH_LAUNCH_CHECK();",
             "}",
         ]

@@ -44,3 +44,20 @@ def layouts(inner: str, middle: str, outer: str, several: str, total: str) -> di
 
 # Odd sizes everywhere (no multiple of 4 in the contiguous dim): the scalar paths and the tile edges.
 SMALL = layouts("(6, 5, 1001)", "(5, 37, 13)", "(37, 6, 7)", "(3, 9, 5, 7)", "(3, 333, 17)")
+
+
+# Pooling windows (max with dilation and padding plus an epilogue, 3-D and 1-D average, adaptive average).
+POOLING = (
+    "import torch\nimport torch.nn as nn\n\n"
+    "class Model(nn.Module):\n"
+    "    def __init__(self):\n        super().__init__()\n"
+    "        self.mp = nn.MaxPool2d(3, stride=2, padding=1, dilation=2)\n"
+    "        self.ap = nn.AvgPool3d(3, stride=2, padding=1)\n"
+    "        self.a1 = nn.AvgPool1d(4, stride=2, padding=1)\n"
+    "        self.ad = nn.AdaptiveAvgPool2d((5, 7))\n\n"
+    "    def forward(self, x, y, z):\n"
+    "        return torch.relu(self.mp(x)) * 2, self.ap(y), self.a1(z), self.ad(x)\n\n"
+    "def get_inputs():\n"
+    "    return [torch.randn(4, 3, 33, 35), torch.randn(2, 3, 9, 10, 11), torch.randn(3, 5, 101)]\n\n"
+    "def get_init_inputs():\n    return []\n"
+)

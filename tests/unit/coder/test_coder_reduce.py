@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from reduce_problems import SMALL, layouts
+from reduce_problems import POOLING, SMALL, layouts
 from test_coder_cuda_build import NVCC
 from torch.utils.cpp_extension import load
 
@@ -27,7 +27,9 @@ MARKERS = {
     "outer": ["template <bool SIMPLE, bool CACHED>", "_combine<<<"],
     "several": ["template <bool SIMPLE, bool CACHED>", "cache0[j]", "stitch::col_off<int64_t>"],
     "total": ["_levels(", "_combine1<<<", "_combine2<<<", "_store<4>"],
+    "pooling": ["_kernel<int32_t><<<", "_kernel<int64_t><<<"],
 }
+PROGRAMS = {**SMALL, "pooling": POOLING}
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +38,10 @@ def synth() -> Synthesizer:
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("name", list(SMALL))
+@pytest.mark.parametrize("name", list(PROGRAMS))
 def test_cuda_kernels_of_each_layout_compile(synth: Synthesizer, name: str, tmp_path: Path) -> None:
     assert NVCC is not None
-    synthesis = synth.synthesize(SMALL[name], None, variant=Variant(), device="cuda")
+    synthesis = synth.synthesize(PROGRAMS[name], None, variant=Variant(), device="cuda")
     kernels = synthesis.files["kernels.cu"]
     for marker in MARKERS[name]:
         assert marker in kernels, f"{name}: {marker!r} missing"
