@@ -35,6 +35,8 @@ class Spec:
     layout: str
     init: str = "[]"
     module: str = ""
+    # The constructor's parameters (get_init_inputs passes them).
+    params: str = ""
     # The dim --scale shrinks (None: the largest); a LayerNorm keeps its normalized dims.
     scale_dim: int | None = None
 
@@ -69,7 +71,24 @@ SPECS = [
         "inner",
         init="[(64, 256, 256)]",
         module="        self.ln = nn.LayerNorm(shape)\n",
+        params="shape",
         scale_dim=0,
+    ),
+    Spec(
+        "maxpool2d",
+        "self.pool(x)",
+        (32, 64, 512, 512),
+        "pool",
+        module="        self.pool = nn.MaxPool2d(3, stride=2, padding=1)\n",
+        scale_dim=2,
+    ),
+    Spec(
+        "maxpool3d",
+        "self.pool(x)",
+        (16, 32, 128, 128, 128),
+        "pool",
+        module="        self.pool = nn.MaxPool3d(3, stride=2, padding=1)\n",
+        scale_dim=2,
     ),
 ]
 
@@ -84,11 +103,10 @@ def scaled(shape: tuple[int, ...], scale: float, dim: int | None = None) -> tupl
 
 def source(spec: Spec, scale: float = 1.0) -> str:
     """The problem in KernelBench format."""
-    init_args = "shape" if spec.module else ""
     return (
         "import torch\nimport torch.nn as nn\n\n"
         "class Model(nn.Module):\n"
-        f"    def __init__(self{', ' + init_args if init_args else ''}):\n"
+        f"    def __init__(self{', ' + spec.params if spec.params else ''}):\n"
         f"        super().__init__()\n{spec.module}\n"
         f"    def forward(self, x):\n        return {spec.forward}\n\n"
         f"def get_inputs():\n    return [torch.rand{scaled(spec.shape, scale, spec.scale_dim)}]\n\n"
