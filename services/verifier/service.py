@@ -128,7 +128,9 @@ class VerifierService:
         try:
             self._verify(reference_source, candidate, device, pol, plan, verdict, findings, report)
         except BaseException as exc:  # the harness's failure or an interrupt: there is no verdict to log
-            log.info("verification of %s ended without a verdict: %s", candidate.candidate_id or "-", exc)
+            # The type too: a MemoryError or an interrupt has no message of its own.
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            log.info("verification of %s ended without a verdict: %s", candidate.candidate_id or "-", why)
             self._finish(verdict, findings, started, quiet=True)
             raise
         self._finish(verdict, findings, started)

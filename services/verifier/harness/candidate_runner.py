@@ -656,13 +656,13 @@ def main() -> None:
         phases[name] = round(common.now() - t_start, 4)
 
     exit_now, error_line, short_tb = common.exit_now, common.error_line, common.short_traceback
-    flatten, to_cpu, to_device, same_bits, refill = (
+    flatten, to_device, same_bits, refill = (
         common.flatten,
-        common.to_cpu,
         common.to_device,
         common.same_bits,
         common.refill,
     )
+    host_stage = common.HostStage()  # made before the candidate is imported, like the bindings above
     channel_lock = threading.Lock()
 
     def send(head: dict[str, Any], blob: bytes = b"") -> None:
@@ -890,7 +890,8 @@ def main() -> None:
 
     def record(name: str, set_name: str, outs: list[Any], **extra: Any) -> None:
         send(
-            {"kind": "output", "name": name, "set": set_name, "call": calls[0], **extra}, dumps(to_cpu(outs))
+            {"kind": "output", "name": name, "set": set_name, "call": calls[0], **extra},
+            dumps(host_stage.copies(outs)),
         )
 
     try:
