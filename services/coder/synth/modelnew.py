@@ -73,17 +73,27 @@ def _is_made_helper(stmt: ast.stmt) -> bool:
 class _Inline(ast.NodeTransformer):
     """Replaces reads of module-level literal constants by their values; renames Model to ModelNew."""
 
-    def __init__(self, literals: dict[str, Any], bound: set[str] | None = None) -> None:
+    def __init__(
+        self, literals: dict[str, Any], bound: set[str] | None = None, made: set[str] | None = None
+    ) -> None:
         self.literals = literals
         self.bound = bound or set()
+        self.made = made or set()
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
         if isinstance(node.ctx, ast.Load) and node.id not in self.bound:
             if node.id == "Model":
                 return ast.copy_location(ast.Name("ModelNew", ast.Load()), node)
+            if node.id in self.made:
+                return ast.copy_location(ast.Name(made_name(node.id), ast.Load()), node)
             if node.id in self.literals:
                 return ast.copy_location(_literal_node(self.literals[node.id]), node)
         return node
+
+
+def made_name(name: str) -> str:
+    """The copy's name for a helper made by a call: the candidate never reassigns the problem's names."""
+    return f"stitch_{name}"
 
 
 def _literal_node(value: Any) -> ast.expr:
@@ -202,15 +212,17 @@ def build_source(
     copied: list[ast.FunctionDef] = []
     needed: set[str] = set()
     # Class-level attributes (`expansion = 4`) that the constructor or a helper may read through self.
+    made = {name for name, stmt in ref.defs.items() if _is_made_helper(stmt)}
+    unmade = {made_name(name): name for name in made}
     class_attrs = [
-        _Inline(literals, set()).visit(ast.parse(ast.unparse(stmt)).body[0])
+        _Inline(literals, set(), made).visit(ast.parse(ast.unparse(stmt)).body[0])
         for stmt in ref.model.body
         if isinstance(stmt, ast.Assign | ast.AnnAssign)
     ]
     for stmt in class_attrs:
         needed |= _names(stmt)
     for fn in keep:
-        new = _Inline(literals, _bound_names(fn)).visit(ast.parse(ast.unparse(fn)).body[0])
+        new = _Inline(literals, _bound_names(fn), made).visit(ast.parse(ast.unparse(fn)).body[0])
         assert isinstance(new, ast.FunctionDef)
         if new.name == "__init__" and baked:
             new.body += _baked_guards(baked)
@@ -223,6 +235,7 @@ def build_source(
     imports: dict[str, ast.stmt] = {}
     while queue:
         name = queue.pop(0)
+        name = unmade.get(name, name)  # the copied code reads a made helper by its new name
         if name in seen:
             continue
         seen.add(name)
@@ -231,7 +244,9 @@ def build_source(
         elif name in ref.defs:
             original = ref.defs[name]
             bound = _bound_names(original)
-            node = _Inline(literals, bound).visit(ast.parse(ast.unparse(original)).body[0])
+            node = _Inline(literals, bound, made).visit(ast.parse(ast.unparse(original)).body[0])
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                node.targets[0].id = made_name(node.targets[0].id)
             if isinstance(node, ast.ClassDef):
                 # A submodule class is copied for its constructor (the same parameters, in the same RNG
                 # order); its forward is the extension's work and must not ship as torch code.
@@ -256,7 +271,7 @@ def build_source(
     header += [IMPORT_MARK, ""]
     body: list[str] = []
     # In the reference's order: a helper made by a call follows the function that makes it.
-    order = {name: i for i, name in enumerate(ref.defs)}
+    order = {made_name(name) if name in made else name: i for i, name in enumerate(ref.defs)}
     helper_defs.sort(key=lambda node: order.get(_def_name(node), len(order)))
     for node in helper_defs:
         body += [ast.unparse(node), "", ""]

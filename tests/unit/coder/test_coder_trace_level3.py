@@ -352,7 +352,10 @@ def test_constructor_helper_made_by_a_call_is_copied_after_its_maker(synth: Synt
         "def get_init_inputs():\n    return [2]\n"
     )
     model_new = synth.synthesize(source, None, variant=Variant(), device="cpu").files["model_new.py"]
-    assert 0 < model_new.index("def _tuple_of(n):") < model_new.index("to_pair = _tuple_of(2)")
+    # Under its own name: the Verifier rejects a candidate that reassigns a module name of the problem.
+    assert 0 < model_new.index("def _tuple_of(n):") < model_new.index("stitch_to_pair = _tuple_of(2)")
+    assert "nn.AvgPool2d(stitch_to_pair(side))" in model_new
+    assert not re.search(r"^to_pair =", model_new, re.M)
 
 
 def test_defaulted_arguments_left_out_are_not_program_inputs(synth: Synthesizer) -> None:
