@@ -18,13 +18,13 @@ import traceback
 import types
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx
 from torch.fx.node import Node
 
-if __package__:  # imported by the synthesizer (tests that trace in process)
+if TYPE_CHECKING or __package__:  # imported by the synthesizer (tests that trace in process)
     from stitchcuda.coder.synth.init_check import LARGE_MODEL_BYTES, compare_constructors, state_bytes
     from stitchcuda.coder.synth.shape_trace import specialized_trace, symbolic_trace
 else:  # a script in the tracing sandbox, where only this folder is visible
