@@ -61,7 +61,10 @@ def test_batch_verifies_every_case_prints_json_lines_and_resumes(tmp_path):
     assert honest["format"] == "folder: load_inline in __init__"
     hacked = cases["elementwise/flags_changed"]
     assert not hacked["accepted"] and any(r.startswith("D1.build-call") for r in hacked["rejects"]), hacked
-    assert "no torch.utils.cpp_extension build call found" in cases["elementwise/unreadable.py"]["error"]
+    assert (
+        "no torch.utils.cpp_extension build call and no @triton.jit kernel found"
+        in cases["elementwise/unreadable.py"]["error"]
+    )
     assert summary["cases"] == 3 and summary["accepted"] == 1 and summary["errors"] == 1
 
     again = stitchcuda("verify", "--batch", str(root), "--device", "cpu")

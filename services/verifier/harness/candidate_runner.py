@@ -302,12 +302,11 @@ class Auditor:
                 ]
             }
         )
-        # The run's temporary folder is private to it (inside the work dir, or bwrap's private /tmp);
-        # Triton compiles its launchers and ptx there on first launch.
-        tmp = os.path.realpath(tempfile.gettempdir()) + os.sep
-        self.write_ok = (os.path.realpath(roots["work"]) + os.sep, "/dev/null", "/dev/shm/", tmp)
-        self.read_ok = (*self.read_ok, tmp)
-        self.scan_ok = (*self.scan_ok, tmp)
+        self.write_ok = (os.path.realpath(roots["work"]) + os.sep, "/dev/null", "/dev/shm/")
+        # Triton compiles its launchers and ptx in the run's temporary folder on first launch: Triton's
+        # own frames may use it. The candidate's may not (a search of /tmp for cached reference outputs
+        # is hack 31, whether or not this run's /tmp is private).
+        self.tmp = os.path.realpath(tempfile.gettempdir()) + os.sep
         self.triton_roots = tuple(
             {
                 os.path.join(f(p), "triton") + os.sep
@@ -315,6 +314,10 @@ class Auditor:
                 for f in (str, os.path.realpath)
             }
         )
+
+    def _triton_temporary(self, path: str, inner: str) -> bool:
+        """Triton's own code working in the run's temporary folder."""
+        return inner.startswith(self.triton_roots) and (path + os.sep).startswith(self.tmp)
 
     def hook(self, event: str, args: tuple[Any, ...]) -> None:
         if event not in WATCH or self.phase == "setup":
@@ -378,11 +381,11 @@ class Auditor:
             self.findings.add("D9.process", "REJECT", f"tried to start a process ({event} {exe})", where)
             raise PermissionError("starting processes is not allowed in the verifier sandbox")
         if event == "open":
-            on_stack, _ = self._stack()
+            on_stack, inner = self._stack()
             if not on_stack or not args:
                 return
             path = self._path(args[0])
-            if not path:
+            if not path or self._triton_temporary(path, inner):
                 return
             mode = args[1] if len(args) > 1 else "r"
             flags = args[2] if len(args) > 2 and isinstance(args[2], int) else 0
@@ -400,11 +403,11 @@ class Auditor:
                 )
             return
         if event in SCAN_EVENTS:
-            on_stack, _ = self._stack()
+            on_stack, inner = self._stack()
             if not on_stack:
                 return
             path = self._path(args[0] if args and args[0] is not None else ".")
-            if not (path + os.sep).startswith(self.scan_ok):
+            if not (path + os.sep).startswith(self.scan_ok) and not self._triton_temporary(path, inner):
                 self.findings.add("D9.file-scan", "REJECT", f"listed {path or args[:1]} ({event})", where)
             return
         if event in GC_EVENTS:
