@@ -59,6 +59,45 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
+def nvcc_command(kernels: Path, obj: Path) -> list[str]:
+    """nvcc compiling a program's kernels.cu alone, as the Verifier's builder does (sm_90)."""
+    assert NVCC is not None
+    return [NVCC, "-c", str(kernels), "-o", str(obj), "-O3", "-std=c++17", "--expt-relaxed-constexpr",
+            "-gencode=arch=compute_90,code=sm_90", "--compiler-options", "-fPIC"]  # fmt: skip
+
+
+def host_syntax_command(forward: Path, scratch: Path) -> list[str]:
+    """c++ -fsyntax-only of a program's forward.cpp against this torch's headers (a CPU build of torch
+    lacks one generated CUDA header: a stub under `scratch`)."""
+    stub = scratch / "stub" / "c10" / "cuda" / "impl"
+    stub.mkdir(parents=True, exist_ok=True)
+    (stub / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+    includes = [f"-I{scratch / 'stub'}", f"-I{nvcc_include()}"]
+    includes += [f"-isystem{p}" for p in cpp_extension.include_paths()]
+    includes.append(f"-isystem{sysconfig.get_paths()['include']}")
+    return ["c++", "-fsyntax-only", "-std=c++17", "-DTORCH_EXTENSION_NAME=stitch_test",
+            "-DTORCH_API_INCLUDE_EXTENSION_H", *includes, str(forward)]  # fmt: skip
+
+
+def assert_program_compiles(folder: Path, scratch: Path) -> None:
+    """A written CUDA program: its host code parses and its kernels compile (the two at once)."""
+    host = subprocess.Popen(
+        host_syntax_command(folder / "forward.cpp", scratch),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    kernels = subprocess.run(
+        nvcc_command(folder / "kernels.cu", scratch / "kernels.o"),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    out, _ = host.communicate(timeout=600)
+    assert kernels.returncode == 0, kernels.stderr[-3000:]
+    assert host.returncode == 0, out[-3000:]
+
+
 def symbols(obj: Path, kind: str) -> set[str]:
     listing = subprocess.run(["nm", str(obj)], capture_output=True, text=True, check=True).stdout
     return {
@@ -75,10 +114,8 @@ def test_kernels_compile_with_nvcc_alone_in_seconds(
     obj = tmp_path / "kernels.o"
     started = time.monotonic()
     done = subprocess.run(
-        [NVCC, "-c", str(folder / "kernels.cu"), "-o", str(obj), "-O3", "-std=c++17",
-         "--expt-relaxed-constexpr", "-gencode=arch=compute_90,code=sm_90", "--compiler-options", "-fPIC"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        nvcc_command(folder / "kernels.cu", obj), capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     exported = symbols(obj, "T")
     assert exported, "the kernels' object exports its launchers"
@@ -87,23 +124,9 @@ def test_kernels_compile_with_nvcc_alone_in_seconds(
 
 def test_host_code_parses_with_the_light_headers(programs: dict[str, Path], tmp_path: Path) -> None:
     """forward.cpp against this torch's headers (a CPU build lacks one generated CUDA header: a stub)."""
-    stub = tmp_path / "stub" / "c10" / "cuda" / "impl"
-    stub.mkdir(parents=True)
-    (stub / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
-    includes = [f"-I{tmp_path / 'stub'}", f"-I{nvcc_include()}"]
-    includes += [f"-isystem{p}" for p in cpp_extension.include_paths()]
-    includes.append(f"-isystem{sysconfig.get_paths()['include']}")
     procs = {
         name: subprocess.Popen(
-            [
-                "c++",
-                "-fsyntax-only",
-                "-std=c++17",
-                "-DTORCH_EXTENSION_NAME=stitch_test",
-                "-DTORCH_API_INCLUDE_EXTENSION_H",
-                *includes,
-                str(folder / "forward.cpp"),
-            ],
+            host_syntax_command(folder / "forward.cpp", tmp_path),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
 import torch
-from test_coder_cuda_build import NVCC, nvcc_include
+from test_coder_cuda_build import NVCC, assert_program_compiles
 from torch.utils import cpp_extension
 
 from stitchcuda.coder.synth import einsum
@@ -146,7 +144,6 @@ def test_einsums_without_a_gemm_form_are_unsupported(
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_cuda_sources_compile(synth: Synthesizer, tmp_path: Path) -> None:
     """kernels.cu with nvcc alone, forward.cpp parsed against this torch's headers (as test_coder_cuda_build)."""
-    assert NVCC is not None
     both = PROBLEMS["transposed"].replace(
         "self.l3(x), self.l4(x)", "self.l3(x), self.l4(x), torch.einsum('bcdhw,bcdvw->bcdhv', x, x)"
     )
@@ -154,25 +151,7 @@ def test_cuda_sources_compile(synth: Synthesizer, tmp_path: Path) -> None:
     folder = tmp_path / "program"
     write_dir(candidate, folder)
     assert "void stitch_conv_launch(" in (folder / "kernels.cu").read_text()
-    stub = tmp_path / "stub" / "c10" / "cuda" / "impl"
-    stub.mkdir(parents=True)
-    (stub / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
-    includes = [f"-I{tmp_path / 'stub'}", f"-I{nvcc_include()}"]
-    includes += [f"-isystem{p}" for p in cpp_extension.include_paths()]
-    includes.append(f"-isystem{sysconfig.get_paths()['include']}")
-    host = subprocess.Popen(
-        ["c++", "-fsyntax-only", "-std=c++17", "-DTORCH_EXTENSION_NAME=stitch_test",
-         "-DTORCH_API_INCLUDE_EXTENSION_H", *includes, str(folder / "forward.cpp")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    kernels = subprocess.run(
-        [NVCC, "-c", str(folder / "kernels.cu"), "-o", str(tmp_path / "kernels.o"), "-O3", "-std=c++17",
-         "--expt-relaxed-constexpr", "-gencode=arch=compute_90,code=sm_90", "--compiler-options", "-fPIC"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    out, _ = host.communicate(timeout=600)
-    assert kernels.returncode == 0, kernels.stderr[-3000:]
-    assert host.returncode == 0, out[-3000:]
+    assert_program_compiles(folder, tmp_path)
 
 
 def build_cpu(synth: Synthesizer, source: str, variant: Variant) -> dict[str, object]:
