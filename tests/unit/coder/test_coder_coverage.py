@@ -4,12 +4,11 @@ and (slow) compiled and compared with the reference on fresh inputs."""
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from synth_build import load_program
 
 from stitchcuda.coder.synth.synthesizer import Synthesizer, to_candidate
 from stitchcuda.coder.synth.variants import Variant
@@ -41,26 +40,10 @@ def test_fusion_none_is_also_complete(synth: Synthesizer) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", [Variant(), Variant(fusion="none")])
 def test_compiled_program_matches_every_output(synth: Synthesizer, variant: Variant) -> None:
-    from torch.utils.cpp_extension import load
-
     synthesis = synth.synthesize(SOURCE, None, variant=variant, device="cpu")
-    name = synthesis.build.extension_name
-    root = Path(os.environ.get("STITCH_TEST_BUILD_DIR", Path.home() / ".cache" / "stitchcuda-tests")) / name
-    root.mkdir(parents=True, exist_ok=True)
-    for path, content in synthesis.files.items():
-        if not (root / path).exists() or (root / path).read_text() != content:
-            (root / path).write_text(content)
-    sys.modules[name] = load(
-        name=name,
-        sources=[str(root / s) for s in synthesis.build.sources],
-        extra_cflags=list(synthesis.build.cflags),
-        extra_ldflags=list(synthesis.build.ldflags),
-        build_directory=str(root),
-    )
+    mn = load_program(synthesis)
     ns: dict[str, object] = {"__name__": "reference"}
     exec(compile(SOURCE, "reference.py", "exec"), ns)
-    mn: dict[str, object] = {"__name__": "model_new"}
-    exec(compile(synthesis.files["model_new.py"], "model_new.py", "exec"), mn)
     torch.manual_seed(0)
     ref = ns["Model"]()  # type: ignore[operator]
     torch.manual_seed(0)

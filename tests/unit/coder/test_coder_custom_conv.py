@@ -5,13 +5,12 @@ strides, paddings, output paddings, dilations, groups, odd sizes and layers with
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from synth_build import load_program
 from test_coder_cuda_build import NVCC, assert_program_compiles
 from torch.utils import cpp_extension
 
@@ -159,22 +158,7 @@ def build_cpu(synth: Synthesizer, source: str, variant: Variant) -> dict[str, ob
     synthesis = synth.synthesize(source, None, variant=variant, device="cpu")
     if variant.conv_bias == "library":  # the bias inside the convolution call, added in its store
         assert re.search(r"stitch_conv\(T_\w+, T_\w+, c10::optional", synthesis.files["forward.cpp"])
-    name = synthesis.build.extension_name
-    root = Path(os.environ.get("STITCH_TEST_BUILD_DIR", Path.home() / ".cache" / "stitchcuda-tests")) / name
-    root.mkdir(parents=True, exist_ok=True)
-    for path, content in synthesis.files.items():
-        if not (root / path).exists() or (root / path).read_text() != content:
-            (root / path).write_text(content)
-    sys.modules[name] = cpp_extension.load(
-        name=name,
-        sources=[str(root / s) for s in synthesis.build.sources],
-        extra_cflags=list(synthesis.build.cflags),
-        extra_ldflags=list(synthesis.build.ldflags),
-        build_directory=str(root),
-    )
-    mn: dict[str, object] = {"__name__": "model_new"}
-    exec(compile(synthesis.files["model_new.py"], "model_new.py", "exec"), mn)
-    return mn
+    return load_program(synthesis)
 
 
 @pytest.mark.slow

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 from reduce_problems import POOLING, SMALL, layouts
+from synth_build import load_program
 from test_coder_cuda_build import NVCC
-from torch.utils.cpp_extension import load
 
 from stitchcuda.coder.synth.synthesizer import Synthesizer
 from stitchcuda.coder.synth.variants import Variant
@@ -68,26 +68,7 @@ def test_the_split_off_variant_keeps_one_block_per_row(synth: Synthesizer) -> No
 
 
 def build_cpu(synth: Synthesizer, source: str) -> dict[str, Any]:
-    synthesis = synth.synthesize(source, None, variant=Variant(), device="cpu")
-    ext_name = synthesis.build.extension_name
-    root = (
-        Path(os.environ.get("STITCH_TEST_BUILD_DIR", Path.home() / ".cache" / "stitchcuda-tests")) / ext_name
-    )
-    root.mkdir(parents=True, exist_ok=True)
-    for path, content in synthesis.files.items():
-        target = root / path
-        if not target.exists() or target.read_text() != content:
-            target.write_text(content)
-    sys.modules[ext_name] = load(
-        name=ext_name,
-        sources=[str(root / s) for s in synthesis.build.sources],
-        extra_cflags=list(synthesis.build.cflags),
-        extra_ldflags=list(synthesis.build.ldflags),
-        build_directory=str(root),
-    )
-    mn: dict[str, Any] = {"__name__": "model_new"}
-    exec(compile(synthesis.files["model_new.py"], "model_new.py", "exec"), mn)
-    return mn
+    return load_program(synth.synthesize(source, None, variant=Variant(), device="cpu"))
 
 
 def assert_matches(source: str, mn: dict[str, Any], tolerance: float) -> None:

@@ -5,13 +5,11 @@ PyTorch in float64."""
 
 from __future__ import annotations
 
-import os
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from synth_build import load_program
 
 from stitchcuda.coder.synth.ir import Unsupported
 from stitchcuda.coder.synth.synthesizer import Synthesizer, to_candidate
@@ -141,27 +139,6 @@ def test_dropout_between_layers_in_training_mode_is_refused(synth: Synthesizer) 
         synth.synthesize(source, None, variant=Variant(), device="cpu")
 
 
-def build_cpu(
-    synthesis_files: dict[str, str], ext_name: str, cflags: list[str], ldflags: list[str], sources: list[str]
-) -> None:
-    from torch.utils.cpp_extension import load
-
-    root = (
-        Path(os.environ.get("STITCH_TEST_BUILD_DIR", Path.home() / ".cache" / "stitchcuda-tests")) / ext_name
-    )
-    root.mkdir(parents=True, exist_ok=True)
-    for path, content in synthesis_files.items():
-        if not (root / path).exists() or (root / path).read_text() != content:
-            (root / path).write_text(content)
-    sys.modules[ext_name] = load(
-        name=ext_name,
-        sources=[str(root / s) for s in sources],
-        extra_cflags=cflags,
-        extra_ldflags=ldflags,
-        build_directory=str(root),
-    )
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("gemm", ["library", "custom"])
 @pytest.mark.parametrize("name", sorted(PROBLEMS))
@@ -169,12 +146,9 @@ def test_compiled_cpu_program_matches_pytorch(synth: Synthesizer, name: str, gem
     source = PROBLEMS[name]
     policy = KernelPolicy(LIBRARY if gemm == "library" else STRICT)
     synthesis = synth.synthesize(source, None, variant=Variant(), device="cpu", policy=policy)
-    b = synthesis.build
-    build_cpu(synthesis.files, b.extension_name, list(b.cflags), list(b.ldflags), list(b.sources))
+    mn = load_program(synthesis)
     ns: dict[str, object] = {"__name__": "reference"}
     exec(compile(source, "reference.py", "exec"), ns)
-    mn: dict[str, object] = {"__name__": "model_new"}
-    exec(compile(synthesis.files["model_new.py"], "model_new.py", "exec"), mn)
     torch.manual_seed(0)
     ref = ns["Model"](6, 8, 2).double()  # type: ignore[operator]
     torch.manual_seed(0)

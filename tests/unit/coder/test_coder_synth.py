@@ -4,13 +4,12 @@ ModelNew that only hands tensors to the extension (two programs are compiled and
 from __future__ import annotations
 
 import ast
-import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from synth_build import load_program
 
 from stitchcuda.api.v1 import code_pb2
 from stitchcuda.coder.synth.synthesizer import Synthesizer, to_candidate
@@ -247,31 +246,10 @@ def test_unsupported_construct_is_reported(synth: Synthesizer) -> None:
 
 def _build(synth: Synthesizer, name: str) -> tuple[dict[str, object], dict[str, object]]:
     """Builds the CPU program for a suite problem; returns the reference's and model_new's namespaces."""
-    from torch.utils.cpp_extension import load
-
     ref = source(name)
-    synthesis = synth.synthesize(ref, None, variant=Variant(), device="cpu")
-    ext_name = synthesis.build.extension_name
-    build_dir = (
-        Path(os.environ.get("STITCH_TEST_BUILD_DIR", Path.home() / ".cache" / "stitchcuda-tests")) / ext_name
-    )
-    build_dir.mkdir(parents=True, exist_ok=True)
-    for path, content in synthesis.files.items():
-        target = build_dir / path
-        if not target.exists() or target.read_text() != content:
-            target.write_text(content)
-    ext = load(
-        name=ext_name,
-        sources=[str(build_dir / s) for s in synthesis.build.sources],
-        extra_cflags=list(synthesis.build.cflags),
-        extra_ldflags=list(synthesis.build.ldflags),
-        build_directory=str(build_dir),
-    )
-    sys.modules[ext_name] = ext
+    mn = load_program(synth.synthesize(ref, None, variant=Variant(), device="cpu"))
     ns: dict[str, object] = {"__name__": "reference"}
     exec(compile(ref, "reference.py", "exec"), ns)
-    mn: dict[str, object] = {"__name__": "model_new"}
-    exec(compile(synthesis.files["model_new.py"], "model_new.py", "exec"), mn)
     return ns, mn
 
 

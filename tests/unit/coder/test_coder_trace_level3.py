@@ -10,7 +10,7 @@ import re
 
 import pytest
 import torch
-from test_coder_rnn import build_cpu
+from synth_build import load_program
 
 from stitchcuda.coder.synth import init_check, trace_worker
 from stitchcuda.coder.synth.ir import Unsupported
@@ -297,22 +297,14 @@ def test_constructors_too_large_for_memory_are_compared_without_values(
     assert not wider["ok"] and not wider["values"]
 
 
-def load_model_new(synthesis_files: dict[str, str]) -> dict[str, object]:
-    mn: dict[str, object] = {"__name__": "model_new"}
-    exec(compile(synthesis_files["model_new.py"], "model_new.py", "exec"), mn)
-    return mn
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BUILT))
 def test_compiled_cpu_program_matches_pytorch(synth: Synthesizer, name: str) -> None:
     source = BUILT[name]
     synthesis = synth.synthesize(source, None, variant=Variant(), device="cpu", policy=KernelPolicy(STRICT))
-    b = synthesis.build
-    build_cpu(synthesis.files, b.extension_name, list(b.cflags), list(b.ldflags), list(b.sources))
+    mn = load_program(synthesis)
     ns: dict[str, object] = {"__name__": "reference"}
     exec(compile(source, "reference.py", "exec"), ns)
-    mn = load_model_new(synthesis.files)
     init = ns["get_init_inputs"]()  # type: ignore[operator]
     torch.manual_seed(0)
     ref = ns["Model"](*init).double()  # type: ignore[operator]
