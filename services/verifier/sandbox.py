@@ -19,6 +19,7 @@ import resource
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -102,6 +103,7 @@ class Outcome:
     log_tail: str
     seconds: float
     sandbox: str
+    shared_bytes: int = 0
 
     def all(self, kind: str) -> list[tuple[dict[str, Any], wire.Payload]]:
         return [(h, p) for h, p in self.frames if h.get("kind") == kind]
@@ -159,6 +161,7 @@ class Launch:
     frames: list[tuple[dict[str, Any], wire.Payload]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     reader: threading.Thread | None = None
+    shared_bytes: int = 0  # bytes that came as sealed memory files, not through the pipe
     # Applied by the reader to each frame as it arrives (a large output reduced to its summary), so
     # the parent never holds every frame whole.
     transform: Callable[[dict[str, Any], wire.Payload], tuple[dict[str, Any], wire.Payload]] | None = None
@@ -279,14 +282,18 @@ class Sandbox:
     def _system_binds(self, device: str) -> list[str]:
         return system_binds(device == "cuda", tools=("nvcc", "ncu", "ninja"))
 
-    def _command(self, spec: RunSpec, job_fd: int, result_fd: int, uid: int) -> tuple[list[str], str]:
+    def _command(
+        self, spec: RunSpec, job_fd: int, result_fd: int, share_fd: int, uid: int
+    ) -> tuple[list[str], str]:
         harness = (
             self.inside("harness", {"harness": Mount(HARNESS_DIR)})
             if self.mode == "bwrap"
             else str(HARNESS_DIR)
         )
         runner = [*spec.prefix, sys.executable, "-I", f"{harness}/{spec.script}", "--job-fd", str(job_fd)]
-        runner += ["--result-fd", str(result_fd), "--uid", str(uid), "--gid", str(uid), *spec.args]
+        share_min = int(self.settings.shared_memory_min_mb * (1 << 20))
+        runner += ["--result-fd", str(result_fd), "--share-fd", str(share_fd), "--share-min", str(share_min)]
+        runner += ["--uid", str(uid), "--gid", str(uid), *spec.args]
         work = self.inside("work", spec.mounts)
         if self.mode != "bwrap":
             return runner, work
@@ -374,7 +381,10 @@ class Sandbox:
         token = secrets.token_hex(8)
         job_r, job_w = os.pipe()
         res_r, res_w = os.pipe()
-        cmd, cwd = self._command(spec, job_r, res_w, uid)
+        # Large tensors come back as sealed memfds over this socket (harness/wire.py), not the pipe.
+        share_r, share_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        share_r.settimeout(wire.SHARE_WAIT_S)
+        cmd, cwd = self._command(spec, job_r, res_w, share_w.fileno(), uid)
         env = self._env(spec, token)
         limits = self._limits(spec, uid)
         log_path = spec.log_path or (work.parent / f"{spec.label}.log")
@@ -385,20 +395,26 @@ class Sandbox:
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
-                    pass_fds=(job_r, res_w),
+                    pass_fds=(job_r, res_w, share_w.fileno()),
                     start_new_session=True,
                     preexec_fn=limits,  # noqa: PLW1509 - rlimits must be set between fork and exec
                     env=env,
                     cwd=cwd,
                     close_fds=True,
                 )
+            except BaseException:
+                share_r.close()
+                raise
             finally:
                 os.close(job_r)
                 os.close(res_w)
+                share_w.close()
         launch = Launch(spec=spec, proc=proc, token=token, job_fd=job_w, log_path=log_path, uid=uid)
         # The channel carries at most what the run may hold (a large problem's inputs and ground truth).
         max_payload = max(int(self.settings.max_payload_gb * (1 << 30)), spec.memory_bytes)
-        launch.reader = threading.Thread(target=_read, args=(res_r, launch, max_payload), daemon=True)
+        launch.reader = threading.Thread(
+            target=_read, args=(res_r, share_r, launch, max_payload), daemon=True
+        )
         launch.reader.start()
         return launch
 
@@ -436,6 +452,7 @@ class Sandbox:
             log_tail=_tail(launch.log_path, spec.log_limit),
             seconds=time.monotonic() - started,
             sandbox=self.mode,
+            shared_bytes=launch.shared_bytes,
         )
 
     def discard(self, launch: Launch) -> None:
@@ -535,7 +552,7 @@ def _with_parent_dirs(args: list[str]) -> list[str]:
     return prefix + args[1:]
 
 
-def _read(fd: int, launch: Launch, max_payload: int) -> None:
+def _read(fd: int, share: socket.socket, launch: Launch, max_payload: int) -> None:
     errors = launch.errors
     # The transform (a large output reduced to its summary, seconds for a GiB output) runs on its own
     # thread while the next frame is read: the runner is not held on a full pipe meanwhile. A frame is
@@ -545,9 +562,9 @@ def _read(fd: int, launch: Launch, max_payload: int) -> None:
     held = threading.Semaphore(2)  # frames read and not yet transformed
     transformer = threading.Thread(target=_transform, args=(handoff, held, launch), daemon=True)
     transformer.start()
-    with os.fdopen(fd, "rb", buffering=1 << 20) as src:
+    with os.fdopen(fd, "rb", buffering=1 << 20) as src, share:
         try:
-            frames = wire.read_frames(src, max_payload)
+            frames = wire.read_frames(src, max_payload, share)
             for count in itertools.count(1):
                 held.acquire()
                 frame = next(frames, None)
@@ -556,6 +573,7 @@ def _read(fd: int, launch: Launch, max_payload: int) -> None:
                 if count > 10_000:
                     errors.append("too many frames")
                     break
+                launch.shared_bytes += wire.shared_bytes(frame[1])
                 handoff.put(frame)
                 del frame
         except wire.WireError as exc:

@@ -213,11 +213,12 @@ class VerifierService:
         run = self.candidates.run(candidate, ext_dir, ref, timeout_s=pol.timeout_s)
         done = run.outcome.first("done")
         log.info(
-            "candidate %s ran in %.1f s (process %.1f s; phases %s)",
+            "candidate %s ran in %.1f s (process %.1f s; phases %s; %.0f MiB of outputs in shared memory)",
             candidate.candidate_id,
             time.monotonic() - t0,
             run.outcome.seconds,
             done[0].get("phases") if done else "-",
+            run.outcome.shared_bytes / (1 << 20),
         )
         if run.fault.get("stage") == "device":
             raise Unavailable(f"the candidate process cannot use {device}: {run.fault.get('error')}")

@@ -65,6 +65,9 @@ class VerifierSettings(CommonSettings):
     sandbox_uid_base: int = 200_000
     runner_threads: int = 0  # torch intra-op threads in runners; 0 = torch default
     max_payload_gb: float = 16.0
+    # A runner's tensors of this many MiB or more come back as sealed memory files over a socket instead
+    # of through the result pipe (about 1 GB/s); 0 sends everything through the pipe.
+    shared_memory_min_mb: float = Field(default=16.0, ge=0.0)
     # Large problems (stitchcuda.verifier.harness.sketch): an output of this many elements or more is
     # checked against a summary of its float64 ground truth (a secret sample of `summary_samples`
     # positions, `summary_blocks` block norms, the first and last `summary_edge` values), and an input

@@ -249,13 +249,16 @@ def diff_functions(before: dict[str, Any], after: dict[str, Any], when: str, fin
 class Auditor:
     """Watches candidate behaviour through sys.addaudithook; blocks network, processes, foreign writes."""
 
-    def __init__(self, findings: Findings, roots: dict[str, str]) -> None:
+    def __init__(
+        self, findings: Findings, roots: dict[str, str], local: threading.local | None = None
+    ) -> None:
         self.findings = findings
         self.phase = "setup"
         self.candidate_roots = (roots["cand"], roots["ext"])
         self.work = roots["work"]
         self.steady = False
-        self._local = threading.local()
+        # `busy` on this thread-local: the hook is quiet (the harness's own work, or the hook itself).
+        self._local = local if local is not None else threading.local()
         import site
 
         stdlib = os.path.dirname(os.__file__)
@@ -667,10 +670,18 @@ def main() -> None:
     )
     host_stage = common.HostStage()  # made before the candidate is imported, like the bindings above
     channel_lock = threading.Lock()
+    share, share_min = args.share, args.share_min
+    # The channel is the harness's own: its socket messages and memfds are not the candidate's doing.
+    harness_io = threading.local()
 
     def send(head: dict[str, Any], blob: bytes = b"") -> None:
         with channel_lock:
-            write_frame(out, head, blob)
+            outer = getattr(harness_io, "busy", False)
+            harness_io.busy = True
+            try:
+                write_frame(out, head, blob, share, share_min)
+            finally:
+                harness_io.busy = outer
 
     # Everything up to the job is candidate-independent, so it can run before the candidate is known
     # (a standby process): the interpreter, torch, the device, timers, warm thread pools.
@@ -748,7 +759,7 @@ def main() -> None:
         served = importlib.import_module("torch.utils.cpp_extension")
 
     findings.live = lambda item: send({"kind": "finding", **item})
-    auditor = Auditor(findings, roots)
+    auditor = Auditor(findings, roots, harness_io)
     sys.addaudithook(auditor.hook)
     stage = "import"
     calls = [0]

@@ -8,6 +8,7 @@ import argparse
 import ctypes
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -25,6 +26,9 @@ def start(description: str) -> tuple[argparse.Namespace, BinaryIO, BinaryIO]:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--job-fd", type=int, required=True)
     parser.add_argument("--result-fd", type=int, required=True)
+    # A unix socket beside the result pipe: large tensors go over it as sealed memfds (wire.write_frame).
+    parser.add_argument("--share-fd", type=int, default=-1)
+    parser.add_argument("--share-min", type=int, default=wire.SHARE_MIN)  # bytes; 0: the pipe only
     parser.add_argument("--uid", type=int, default=-1)
     parser.add_argument("--gid", type=int, default=-1)
     parser.add_argument("--device", default="cpu")
@@ -43,6 +47,14 @@ def start(description: str) -> tuple[argparse.Namespace, BinaryIO, BinaryIO]:
     os.dup2(args.result_fd, target, inheritable=False)
     os.close(args.result_fd)
     out = wire.open_fd(target, "w")
+    args.share = None
+    if args.share_fd >= 0 and args.share_min <= 0:
+        os.close(args.share_fd)
+    elif args.share_fd >= 0:
+        share_target = target + 1 + int.from_bytes(os.urandom(2), "big") % 300
+        os.dup2(args.share_fd, share_target, inheritable=False)
+        os.close(args.share_fd)
+        args.share = socket.socket(fileno=share_target)
     return args, job, out
 
 

@@ -31,7 +31,7 @@ class StageError(Exception):
 
 
 def main() -> None:
-    _args, job_file, out = common.start("StitchCUDA reference runner")
+    args, job_file, out = common.start("StitchCUDA reference runner")
     header, payload = common.read_job(job_file)
     device = header["device"]
     work = header["work_dir"]
@@ -43,7 +43,7 @@ def main() -> None:
 
     if header.get("threads"):
         torch.set_num_threads(int(header["threads"]))
-    send = lambda h, p=b"": wire.write_frame(out, h, p)  # noqa: E731
+    send = lambda h, p=b"": wire.write_frame(out, h, p, args.share, args.share_min)  # noqa: E731
     if device == "cuda" and not torch.cuda.is_available():
         send(
             {

@@ -15,6 +15,7 @@ from stitchcuda.shared.artifacts import LocalArtifactStore
 from stitchcuda.shared.candidate import read_dir
 from stitchcuda.verifier import compare
 from stitchcuda.verifier.harness import sketch
+from stitchcuda.verifier.sandbox import Outcome, Sandbox
 from stitchcuda.verifier.service import VerifierService
 
 SPEC = {"samples": 1024, "blocks": 256, "edge": 64, "seed": 12345}
@@ -112,17 +113,34 @@ LARGE_PLAN = plan_pb2.Plan(
 
 @pytest.mark.slow
 def test_a_large_problem_verifies_on_summaries_and_remade_inputs(
-    tmp_path: Path, build_store: LocalArtifactStore
+    tmp_path: Path, build_store: LocalArtifactStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Thresholds small enough that this 8 MiB problem is "large": what a 6 GiB one does on a GPU host.
+    # Thresholds small enough that this 8 MiB problem is "large": what a 6 GiB one does on a GPU host,
+    # its outputs coming back as sealed memory files.
     settings = fast_settings(
-        tmp_path, standby=False, summary_min_numel=1 << 20, summary_samples=1 << 14, regen_input_mb=4
+        tmp_path,
+        standby=False,
+        summary_min_numel=1 << 20,
+        summary_samples=1 << 14,
+        regen_input_mb=4,
+        shared_memory_min_mb=1,
     )
+    shared: list[int] = []
+    finish = Sandbox.finish
+
+    def counted(self: Sandbox, *args: object, **kwargs: object) -> Outcome:
+        outcome = finish(self, *args, **kwargs)  # type: ignore[arg-type]
+        shared.append(outcome.shared_bytes)
+        return outcome
+
+    monkeypatch.setattr(Sandbox, "finish", counted)
     service = VerifierService(settings, artifacts=build_store)
     try:
         verdict = service.verify(LARGE_REF, read_dir(FIXTURES / "honest_cpu"), device="cpu", plan=LARGE_PLAN)
         assert verdict.accepted, verdict.feedback
         assert not rejects(verdict)
+        # every recorded output (8 MiB each) came over shared memory, none through the pipe
+        assert max(shared) >= 6 * 1024 * 2048 * 4, shared
         _entry, ref = next(iter(service._refs.values()))
         assert all(data.inputs is None and sketch.is_summary(data.ref32[0]) for data in ref.sets.values())
         names = {t.name for t in verdict.correctness.trials}
