@@ -85,16 +85,19 @@ def test_binds_under_tmp_get_traversable_mount_points_in_the_private_tmp(tmp_pat
 def _launch_reading(frames: list[tuple[dict, bytes]], transform) -> Launch:
     """A launch whose reader has consumed `frames` from a real pipe through `transform`."""
     import os
+    import socket
     import threading
 
     read_fd, write_fd = os.pipe()
+    share, _peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     launch = Launch(spec=None, proc=None, token="t", job_fd=-1, log_path=None, uid=0, transform=transform)  # type: ignore[arg-type]
-    reader = threading.Thread(target=_read, args=(read_fd, launch, 1 << 20))
+    reader = threading.Thread(target=_read, args=(read_fd, share, launch, 1 << 20))
     reader.start()
     with os.fdopen(write_fd, "wb") as out:
         for head, payload in frames:
             wire.write_frame(out, head, payload)
     reader.join(timeout=30)
+    _peer.close()
     assert not reader.is_alive()
     return launch
 
