@@ -357,6 +357,12 @@ class Auditor:
         return on_stack, innermost
 
     def _path(self, raw: Any) -> str:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            # An open directory's fd (os.scandir(fd), as shutil.rmtree and os.fwalk do): where it points.
+            try:
+                raw = os.readlink(f"/proc/self/fd/{raw}")
+            except OSError:
+                return ""
         if isinstance(raw, bytes):
             raw = raw.decode(errors="replace")
         if not isinstance(raw, str):

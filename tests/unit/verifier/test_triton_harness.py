@@ -118,3 +118,28 @@ def test_triton_starting_a_tool_outside_the_toolchain_is_refused(tmp_path):
     triton_file = str(Path(site.getsitepackages()[0]) / "triton" / "runtime" / "build.py")
     with pytest.raises(PermissionError):
         run_at(triton_file, POPEN.format(tool="/bin/sh"), audit=audit)
+
+
+def test_a_directory_scanned_by_its_fd_is_judged_by_where_it_points(tmp_path):
+    """shutil.rmtree and os.fwalk list a directory through its fd: Triton cleaning its folder in the run's
+    temporary directory is its own business; the candidate listing /etc through an fd is a scan."""
+    import os
+    import tempfile
+
+    audit, roots = auditor(tmp_path)
+    triton_file = str(Path(site.getsitepackages()[0]) / "triton" / "runtime" / "cache.py")
+    forward = str(Path(roots["cand"]) / "model_new.py")
+    scratch = tempfile.mkdtemp()
+    fds = [os.open(scratch, os.O_RDONLY), os.open("/etc", os.O_RDONLY)]
+    try:
+        scan = "audit.hook('os.scandir', ({fd},))"
+        run_at(forward, "launch()", launch=lambda: run_at(triton_file, scan.format(fd=fds[0]), audit=audit))
+        assert audit.findings.items == []
+        run_at(forward, scan.format(fd=fds[1]), audit=audit)
+        assert [(i["rule"], i["detail"]) for i in audit.findings.items] == [
+            ("D9.file-scan", "listed /etc (os.scandir)")
+        ]
+    finally:
+        for fd in fds:
+            os.close(fd)
+        os.rmdir(scratch)
