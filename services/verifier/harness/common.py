@@ -42,20 +42,24 @@ def start(description: str) -> tuple[argparse.Namespace, BinaryIO, BinaryIO]:
         os.setuid(args.uid)
     rearm_parent_death_signal()
     job = wire.open_fd(args.job_fd, "r")
-    # Move the result channel to an unpredictable high fd so code that guesses fd numbers misses it.
-    target = 200 + int.from_bytes(os.urandom(2), "big") % 700
-    os.dup2(args.result_fd, target, inheritable=False)
-    os.close(args.result_fd)
+    # Move the result channel (and the share socket beside it) to unpredictable high fds so code that
+    # guesses fd numbers misses them.
+    target = _move_fd(args.result_fd, 200, 700)
     out = wire.open_fd(target, "w")
     args.share = None
     if args.share_fd >= 0 and args.share_min <= 0:
         os.close(args.share_fd)
     elif args.share_fd >= 0:
-        share_target = target + 1 + int.from_bytes(os.urandom(2), "big") % 300
-        os.dup2(args.share_fd, share_target, inheritable=False)
-        os.close(args.share_fd)
-        args.share = socket.socket(fileno=share_target)
+        args.share = socket.socket(fileno=_move_fd(args.share_fd, target + 1, 300))
     return args, job, out
+
+
+def _move_fd(fd: int, low: int, span: int) -> int:
+    """Moves `fd` to a random non-inheritable fd in [low, low + span); returns the new number."""
+    target = low + int.from_bytes(os.urandom(2), "big") % span
+    os.dup2(fd, target, inheritable=False)
+    os.close(fd)
+    return target
 
 
 def rearm_parent_death_signal() -> None:

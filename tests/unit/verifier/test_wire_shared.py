@@ -5,11 +5,9 @@ size gets a wire error, never a buffer it can still change."""
 from __future__ import annotations
 
 import io
-import json
 import mmap
 import os
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -18,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_wire_packed import hostile
 
 from stitchcuda.verifier.harness import wire
 
@@ -106,14 +105,9 @@ def test_another_process_shares_under_its_file_size_limit(channel) -> None:
     assert torch.equal(wire.loads(payload)[0], torch.arange(100_000, dtype=torch.float32))
 
 
-def announced(nbytes: int, shared: bool = True) -> bytes:
+def announced(nbytes: int) -> bytes:
     """A frame whose table names one shared float32 tensor of `nbytes`."""
-    skel = io.BytesIO()
-    torch.save([{"__wire_tensor__": 0}], skel)
-    entry = {"dtype": "float32", "shape": [nbytes // 4], "nbytes": nbytes, "shared": shared}
-    table = json.dumps([entry]).encode()
-    body = wire.PACKED + struct.pack(">QQ", len(table), len(skel.getvalue())) + table + skel.getvalue()
-    return wire.MAGIC + struct.pack(">QQ", 2, len(body)) + b"{}" + body
+    return hostile([{"dtype": "float32", "shape": [nbytes // 4], "nbytes": nbytes, "shared": True}], b"")
 
 
 def memfd(nbytes: int, seals: int) -> int:
