@@ -56,6 +56,7 @@ class EmbeddedPlatform:
             self.transport,
             resolve_device=_resolve,
             max_reference_bytes=self.settings.max_reference_bytes,
+            reference_prefetch=self.settings.reference_prefetch,
         )
         # The verifier's build cache shares the artifact store, as on the platform. The planner skips its
         # torch.compile profile here: the Verifier times torch.compile for every verdict anyway, and on a
@@ -65,7 +66,9 @@ class EmbeddedPlatform:
         self.planner = planner or PlannerService(PlannerSettings(profile_compile=False))
         self.coder = coder or CoderService()
         self.verifier = verifier or VerifierService(artifacts=self.artifacts)
-        verify_worker = VerifierWorker(self.verifier, self.workflow, self.artifacts, self.transport)
+        self.verify_worker = VerifierWorker(
+            self.verifier, self.workflow, self.artifacts, self.transport, background_references=True
+        )
         self.transport.register(
             transport.PLANNER, PlannerWorker(self.planner, self.workflow, self.artifacts).handle
         )
@@ -73,7 +76,7 @@ class EmbeddedPlatform:
             transport.CODER, CoderWorker(self.coder, self.workflow, self.artifacts).handle
         )
         for queue in (transport.VERIFIER_BUILD, transport.VERIFIER_CPU, transport.VERIFIER_GPU):
-            self.transport.register(queue, verify_worker.handle)
+            self.transport.register(queue, self.verify_worker.handle)
 
     def run(
         self,
@@ -87,4 +90,7 @@ class EmbeddedPlatform:
             self.jobs.subscribe(on_event)
         job = self.workflow.submit(spec, tenant_id)
         self.transport.drain()
+        # A reference computed ahead of a verification that never came (the Coder wrote nothing) ends
+        # before the job is returned: no sandboxed process outlives the call.
+        self.verify_worker.wait_references()
         return self.jobs.get(job.job_id)

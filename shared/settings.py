@@ -47,6 +47,10 @@ class CommonSettings(BaseSettings):
     # References up to this size live only in the job record (Redis), which carries the source anyway;
     # larger ones are also put to the artifact store before the job exists. 0 stores every one.
     inline_reference_bytes: int = Field(default=64 * 1024, ge=0)
+    # Which jobs have their reference's results (inputs, ground truth, eager and torch.compile timings)
+    # computed on the verifier while their first program is written and built: "cuda" jobs (the default;
+    # the reference is most of a GPU verification's fixed cost), "all" jobs, or "off".
+    reference_prefetch: Literal["off", "cuda", "all"] = "cuda"
 
     @model_validator(mode="after")
     def _refuse_placeholders_in_production(self) -> CommonSettings:

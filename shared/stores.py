@@ -157,5 +157,6 @@ def build_workflow(settings: CommonSettings, stores: Stores, **kwargs: Any) -> W
         stores.transport,
         max_reference_bytes=settings.max_reference_bytes,
         inline_reference_bytes=settings.inline_reference_bytes,
+        reference_prefetch=settings.reference_prefetch,
         **kwargs,
     )

@@ -24,7 +24,7 @@ from stitchcuda.shared.errors import InvalidRequest, StitchError
 from stitchcuda.shared.jobstore import JobStore
 from stitchcuda.shared.logs import log_context
 from stitchcuda.shared.problem import validate_source
-from stitchcuda.shared.transport import CODER, PLANNER, VERIFIER_BUILD, VERIFIER_CPU, Transport
+from stitchcuda.shared.transport import CODER, PLANNER, VERIFIER_BUILD, VERIFIER_CPU, VERIFIER_GPU, Transport
 
 if TYPE_CHECKING:
     from stitchcuda.shared.admission import Admission
@@ -79,7 +79,10 @@ class Workflow:
         inline_reference_bytes: int = 64 * 1024,
         verify_policy: verify_pb2.VerifyPolicy | None = None,
         admission: Admission | None = None,
+        reference_prefetch: str = "cuda",
     ) -> None:
+        if reference_prefetch not in ("off", "cuda", "all"):
+            raise ValueError(f"reference_prefetch must be off, cuda or all, not {reference_prefetch!r}")
         self.jobs = jobs
         self.artifacts = artifacts
         self.transport = transport
@@ -89,6 +92,8 @@ class Workflow:
         self._verify_policy = verify_policy or verify_pb2.VerifyPolicy()
         # Without an admission (embedded mode) every job starts at once.
         self.admission = admission
+        # Which jobs get their reference computed while their first program is written and built.
+        self._reference_prefetch = reference_prefetch
 
     # -- entry points -------------------------------------------------------------------------------
 
@@ -460,6 +465,8 @@ class Workflow:
             env.plan_request.reason = action.reason
             self.transport.send(PLANNER, env)
         elif action.type in (pipeline.ActionType.GENERATE, pipeline.ActionType.OPTIMIZE):
+            if action.base is None:
+                self._prefetch_reference(job, state, action.round)
             req = env.coder_request
             req.skill = code_pb2.SKILL_GENERATE if action.base is None else code_pb2.SKILL_OPTIMIZE
             req.reference_key = Keys.reference(tenant, jid)
@@ -492,6 +499,20 @@ class Workflow:
             self._write_result(job, state, action.reason)
         elif action.type in (pipeline.ActionType.FAIL, pipeline.ActionType.CANCELLED):
             self._write_report(job, state, action.reason)
+
+    def _prefetch_reference(self, job: jobs_pb2.Job, state: pipeline.LoopState, round_: int) -> None:
+        """Asks the verifier to compute the reference's results now, so the first verification finds them
+        ready instead of running the reference after the build (a GPU job's largest fixed cost)."""
+        cuda = job.spec.device == jobs_pb2.DEVICE_CUDA
+        if self._reference_prefetch == "off" or (self._reference_prefetch == "cuda" and not cuda):
+            return
+        env = new_envelope(job.job_id, job.tenant_id, round_)
+        req = env.reference_request
+        req.reference_key = Keys.reference(job.tenant_id, job.job_id)
+        req.device = job.spec.device
+        req.policy.CopyFrom(self._policy(job))
+        req.plan_key = Keys.plan(job.tenant_id, job.job_id, state.replans)
+        self.transport.send(VERIFIER_GPU if cuda else VERIFIER_CPU, env)
 
     def _policy(self, job: jobs_pb2.Job) -> verify_pb2.VerifyPolicy:
         policy = verify_pb2.VerifyPolicy()

@@ -333,16 +333,30 @@ class ReferenceStore:
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
-    def take(self, key: tuple[object, ...]) -> tuple[str, ReferenceResult | None] | None:
-        """(entry id, the result or None when the caller holds it in memory) for one more use; None if
-        there is no usable entry (missing, spent, expired or unreadable). Call under `locked(key)`."""
+    def peek(self, key: tuple[object, ...]) -> tuple[str, bool] | None:
+        """(entry id, whether its data is on disk) of a usable entry, spending no use; None if there is
+        none. Call under `locked(key)`."""
         data, meta_path, _ = self._paths(self.digest(key))
+        meta = self._usable_meta(data, meta_path)
+        return None if meta is None else (str(meta["entry"]), data.is_file())
+
+    def _usable_meta(self, data: Path, meta_path: Path) -> dict[str, Any] | None:
+        """The entry's metadata if it has uses left and has not expired; a spent or expired one is dropped."""
         try:
             meta = json.loads(meta_path.read_text())
         except (OSError, ValueError):
             return None
         if int(meta.get("uses", 0)) >= self.reuse or time.time() - float(meta.get("created", 0)) > self.ttl_s:
             self._drop(data, meta_path)
+            return None
+        return dict(meta)
+
+    def take(self, key: tuple[object, ...]) -> tuple[str, ReferenceResult | None] | None:
+        """(entry id, the result or None when the caller holds it in memory) for one more use; None if
+        there is no usable entry (missing, spent, expired or unreadable). Call under `locked(key)`."""
+        data, meta_path, _ = self._paths(self.digest(key))
+        meta = self._usable_meta(data, meta_path)
+        if meta is None:
             return None
         meta["uses"] = int(meta["uses"]) + 1
         self._write_meta(meta_path, meta)

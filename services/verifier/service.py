@@ -21,7 +21,7 @@ from stitchcuda.shared import candidate as candidate_format
 from stitchcuda.shared import devices
 from stitchcuda.shared import policy as kernel_policy
 from stitchcuda.shared.artifacts import ArtifactStore, LocalArtifactStore, sha256_hex
-from stitchcuda.shared.errors import HarnessError, InvalidRequest, Unavailable
+from stitchcuda.shared.errors import HarnessError, InvalidRequest, ProblemError, Unavailable
 from stitchcuda.verifier import evaluate, feedback, limits, ncu, speedup
 from stitchcuda.verifier.accounting import Accounting
 from stitchcuda.verifier.build import Builder
@@ -72,6 +72,8 @@ class VerifierService:
             else None
         )
         self._ref_locks: dict[tuple[object, ...], threading.Lock] = {}
+        # A reference run ahead of verification that failed, raised again by the key's next verification.
+        self._failed: dict[tuple[object, ...], BaseException] = {}
         self._lock = threading.Lock()
 
     # --- public API ------------------------------------------------------------------------------
@@ -322,11 +324,38 @@ class VerifierService:
             log.exception("static scan failed")
             findings.add("D11.scan-error", "WARNING", f"static scan failed: {type(exc).__name__}: {exc}")
 
-    def _reference(
-        self, source: str, device: str, pol: Policy, size: limits.ProblemSize | None = None
-    ) -> ReferenceResult:
-        """Ground truth and baselines, reused for a few verifications of the same problem."""
-        key = (
+    def prepare_reference(
+        self,
+        reference_source: str,
+        *,
+        device: str = "cpu",
+        policy: verify_pb2.VerifyPolicy | None = None,
+        plan: plan_pb2.Plan | None = None,
+    ) -> bool:
+        """Computes the problem's reference results ahead of its first verification (the job's Coder is
+        writing, its build compiling) and keeps them for the verifications of the same reference, device
+        and schedule, without spending one of their uses. False when usable results are already there.
+        A reference that fails raises here, and its first verification raises the same error at once."""
+        device = devices.resolve(device)
+        pol = self.policy(policy)
+        key = self._reference_key(reference_source, device, pol)
+        with self._key_lock(key), self._stored(key):
+            if self._usable(key):
+                return False
+            try:
+                ref = self._run_reference(
+                    key, reference_source, device, pol, limits.problem_size(plan), uses=0
+                )
+            except (HarnessError, ProblemError) as exc:
+                with self._lock:
+                    self._failed[key] = exc
+                raise
+            self._keep(key, ref)
+            return True
+
+    @staticmethod
+    def _reference_key(source: str, device: str, pol: Policy) -> tuple[object, ...]:
+        return (
             sha256_hex(source),
             device,
             pol.trials,
@@ -335,9 +364,34 @@ class VerifierService:
             pol.iterations,
             pol.compile_baseline,
         )
+
+    def _key_lock(self, key: tuple[object, ...]) -> threading.Lock:
         with self._lock:
-            lock = self._ref_locks.setdefault(key, threading.Lock())
-        with lock, self._stored(key):
+            return self._ref_locks.setdefault(key, threading.Lock())
+
+    def _usable(self, key: tuple[object, ...]) -> bool:
+        """Whether a verification of `key` would reuse results without running the reference (looks only:
+        spends no use). Call under the key's locks."""
+        held = self._refs.get(key)
+        if self.reference_store is not None:
+            entry = self.reference_store.peek(key)
+            return entry is not None and (entry[1] or (held is not None and held[0] == entry[0]))
+        return (
+            held is not None
+            and held[1].uses < self.settings.reference_reuse
+            and time.monotonic() - held[1].created < self.settings.reference_ttl_s
+        )
+
+    def _reference(
+        self, source: str, device: str, pol: Policy, size: limits.ProblemSize | None = None
+    ) -> ReferenceResult:
+        """Ground truth and baselines, reused for a few verifications of the same problem."""
+        key = self._reference_key(source, device, pol)
+        with self._lock:
+            failed = self._failed.pop(key, None)
+        if failed is not None:  # the run ahead of this verification failed: no second try of the same
+            raise failed
+        with self._key_lock(key), self._stored(key):
             taken = self.reference_store.take(key) if self.reference_store else None
             held = self._refs.get(key)
             if taken is not None:  # the node's store counted this use
@@ -355,20 +409,32 @@ class VerifierService:
                     ref.uses += 1
                     return ref
             ref = self._run_reference(key, source, device, pol, size)
-            entry = self.reference_store.put(key, ref) if self.reference_store else ""
-            with self._lock:
-                now = time.monotonic()
-                self._refs = {
-                    k: v for k, v in self._refs.items() if now - v[1].created < self.settings.reference_ttl_s
-                }
-                self._refs[key] = (entry, ref)
+            self._keep(key, ref)
             return ref
+
+    def _keep(self, key: tuple[object, ...], ref: ReferenceResult) -> None:
+        """Holds `ref` for later verifications of `key` (and puts it in the node's store). Call under the
+        key's locks."""
+        entry = self.reference_store.put(key, ref) if self.reference_store else ""
+        with self._lock:
+            now = time.monotonic()
+            self._refs = {
+                k: v for k, v in self._refs.items() if now - v[1].created < self.settings.reference_ttl_s
+            }
+            self._refs[key] = (entry, ref)
 
     def _stored(self, key: tuple[object, ...]) -> contextlib.AbstractContextManager[None]:
         return self.reference_store.locked(key) if self.reference_store else contextlib.nullcontext()
 
     def _run_reference(
-        self, key: tuple[object, ...], source: str, device: str, pol: Policy, size: limits.ProblemSize | None
+        self,
+        key: tuple[object, ...],
+        source: str,
+        device: str,
+        pol: Policy,
+        size: limits.ProblemSize | None,
+        *,
+        uses: int = 1,
     ) -> ReferenceResult:
         size = size or limits.ProblemSize()
         full = build_plan(pol.trials, pol.pool, pol.warmup, pol.iterations)
@@ -383,7 +449,7 @@ class VerifierService:
             )
         self.candidates.settle()  # no standby may still be starting while the baseline is timed
         ref = self.references.run(source, device, plan, compile_baseline=pol.compile_baseline, size=size)
-        ref.uses = 1
+        ref.uses = uses
         log.info(
             "reference %s on %s: eager %.4f ms (%.1f s; phases %s)",
             str(key[0])[:12],

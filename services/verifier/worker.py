@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
+import time
 from collections.abc import Iterator
 
 from stitchcuda.api.v1 import code_pb2, jobs_pb2, messages_pb2, verify_pb2
@@ -16,6 +19,8 @@ from stitchcuda.shared.worker import BaseWorker, device_name
 from stitchcuda.shared.workflow import Workflow
 from stitchcuda.verifier.service import VerifierService
 
+log = logging.getLogger("stitchcuda.verifier")
+
 
 class VerifierWorker(BaseWorker):
     stage = "verify"
@@ -27,11 +32,19 @@ class VerifierWorker(BaseWorker):
         artifacts: ArtifactStore,
         transport: Transport,
         settings: CommonSettings | None = None,
+        *,
+        background_references: bool = False,
     ) -> None:
         super().__init__(workflow, artifacts)
         self.service = service
         self.transport = transport
         self.settings = settings or CommonSettings()
+        # Embedded mode handles every queue on one thread: a reference computed ahead of verification
+        # runs on a thread of its own there, so the Coder and the build go on meanwhile. A queue worker
+        # runs it in its task (the Coder and the build are other processes).
+        self.background_references = background_references
+        self._preparing: list[threading.Thread] = []
+        self._preparing_lock = threading.Lock()
 
     @contextlib.contextmanager
     def _device_slot(self, device: str) -> Iterator[None]:
@@ -44,10 +57,58 @@ class VerifierWorker(BaseWorker):
             yield
 
     def work(self, env: messages_pb2.Envelope, job: jobs_pb2.Job) -> None:
-        if env.WhichOneof("body") == "build_request":
+        body = env.WhichOneof("body")
+        if body == "build_request":
             self._build(env, job)
+        elif body == "reference_request":
+            self._prepare_reference(env, job)
         else:
             self._verify(env, job)
+
+    def _prepare_reference(self, env: messages_pb2.Envelope, job: jobs_pb2.Job) -> None:
+        """Runs the job's reference (inputs, ground truth, baselines) before its first candidate exists,
+        holding the device slot as a verification does; the verification reuses the results. A failure
+        is only logged here: the verification raises it and ends the job with it."""
+        req = env.reference_request
+        source = self.load_reference(req.reference_key)
+        plan = self.load_plan(req.plan_key) if req.plan_key and self.artifacts.exists(req.plan_key) else None
+        device = device_name(req.device or job.spec.device)
+        self.workflow.progress(
+            env, "reference", 0.0, "computing the reference's results ahead of verification"
+        )
+
+        def run() -> None:
+            started = time.monotonic()
+            try:
+                with self._device_slot(device):
+                    ran = self.service.prepare_reference(source, device=device, policy=req.policy, plan=plan)
+            except (HarnessError, ProblemError) as exc:
+                log.info("the reference failed ahead of verification (its verification reports it): %s", exc)
+                return
+            except Exception:  # the verification runs the reference itself
+                log.exception("the reference could not be computed ahead of verification")
+                return
+            log.info(
+                "reference ready ahead of verification in %.1f s%s",
+                time.monotonic() - started,
+                "" if ran else " (results kept from an earlier run)",
+            )
+
+        if not self.background_references:
+            run()
+            return
+        with self._preparing_lock:
+            self._preparing = [t for t in self._preparing if t.is_alive()]
+            thread = threading.Thread(target=run, name=f"reference-{env.job_id[:8]}", daemon=True)
+            self._preparing.append(thread)
+        thread.start()
+
+    def wait_references(self, timeout_s: float | None = None) -> None:
+        """Waits for the references still being computed on background threads (embedded mode)."""
+        with self._preparing_lock:
+            threads = list(self._preparing)
+        for thread in threads:
+            thread.join(timeout_s)
 
     def _build(self, env: messages_pb2.Envelope, job: jobs_pb2.Job) -> None:
         """Compiles on a CPU worker (nvcc needs no GPU) so the GPU queue only ever runs cached builds."""

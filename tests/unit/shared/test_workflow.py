@@ -31,11 +31,14 @@ def candidate(tag: str) -> code_pb2.Candidate:
 class Harness:
     """Wires scripted planner/coder/verifier handlers to a Workflow the way the embedded mode does."""
 
-    def __init__(self, speedups, *, plan_error=None, samples=1):
+    def __init__(self, speedups, *, plan_error=None, samples=1, reference_prefetch="cuda"):
         self.jobs = MemoryJobStore()
         self.artifacts = MemoryArtifactStore()
         self.transport = transport.InProcessTransport()
-        self.workflow = Workflow(self.jobs, self.artifacts, self.transport)
+        self.workflow = Workflow(
+            self.jobs, self.artifacts, self.transport, reference_prefetch=reference_prefetch
+        )
+        self.reference_requests = []
         self.speedups = list(speedups)
         self.plan_error = plan_error
         self.samples = samples
@@ -58,6 +61,9 @@ class Harness:
 
     def verify(self, data):
         env = decode(data)
+        if env.WhichOneof("body") == "reference_request":
+            self.reference_requests.append(env.reference_request)
+            return
         speedup = self.speedups.pop(0)
         accepted = speedup > 0
         verdict = verify_pb2.Verdict(
@@ -117,6 +123,28 @@ def test_a_harness_failure_ends_the_job_with_its_reason_and_no_further_round():
     assert job.status.error_code == "reference_out_of_memory"
     assert "ran out of memory" in job.status.message
     assert len(h.coder_requests) == 1 and not job.rounds  # no rejection recorded, no second round
+
+
+def test_the_reference_is_prepared_while_the_first_program_is_written():
+    h = Harness([1.2, 1.5, 1.1], reference_prefetch="all")
+    job = h.run(rounds=2, kernel_policy="library")
+    assert job.status.state == jobs_pb2.JOB_STATE_SUCCEEDED
+    bodies = [body for _, body in h.transport.delivered]
+    # sent before the coder's request, so the embedded mode starts it first; once: the rounds share it
+    assert bodies.index("reference_request") < bodies.index("coder_request")
+    assert bodies.count("reference_request") == 1
+    (req,) = h.reference_requests
+    assert req.device == jobs_pb2.DEVICE_CPU and req.plan_key.endswith("plan-0.pb")
+    assert req.reference_key == h.coder_requests[0].reference_key
+    assert req.policy.kernel_policy == "library", "the schedule and policy the verifications will use"
+
+
+def test_only_gpu_jobs_prepare_their_reference_by_default():
+    h = Harness([1.2])
+    assert h.run(rounds=0).status.state == jobs_pb2.JOB_STATE_SUCCEEDED
+    assert "reference_request" not in [body for _, body in h.transport.delivered]
+    with pytest.raises(ValueError, match="reference_prefetch"):
+        Workflow(h.jobs, h.artifacts, h.transport, reference_prefetch="sometimes")
 
 
 def test_a_job_emits_its_metrics_where_its_state_changes():

@@ -15,6 +15,7 @@ import pytest
 import torch
 from verifier_support import FIXTURES, REF01
 
+from stitchcuda.shared.artifacts import LocalArtifactStore
 from stitchcuda.verifier.probes import build_plan
 from stitchcuda.verifier.reference import ReferenceResult, ReferenceStore, SetData
 
@@ -134,3 +135,69 @@ def test_a_second_worker_process_reuses_the_reference_run_of_the_first(tmp_path:
     assert second["accepted"] and second["reference_runs"] == 0, second
     third = verify_in_a_new_process(tmp_path / "home", reuse=2)
     assert third["accepted"] and third["reference_runs"] == 1, "two uses spent: fresh inputs"
+
+
+def test_a_look_at_an_entry_spends_no_use(tmp_path: Path) -> None:
+    key = ("0a" * 32, "cpu")
+    s = store(tmp_path, reuse=1)
+    assert s.peek(key) is None
+    ref = result()
+    ref.uses = 0  # computed ahead of its first verification
+    entry = s.put(key, ref)
+    assert s.peek(key) == (entry, True) and s.peek(key) == (entry, True)
+    assert s.take(key) is not None, "the one use is still there"
+    assert s.peek(key) is None and s.take(key) is None
+    big = store(tmp_path / "big", max_bytes=1000)
+    assert big.peek(key) is None
+    assert big.put(key, result(numel=10_000)) and big.peek(key) == (big.take(key)[0], False)  # type: ignore[index]
+
+
+def counted(svc: object) -> list[int]:
+    runs: list[int] = []
+    original = svc.references.run  # type: ignore[attr-defined]
+    svc.references.run = lambda *a, **k: runs.append(1) or original(*a, **k)  # type: ignore[attr-defined]
+    return runs
+
+
+def test_a_reference_prepared_ahead_serves_the_verification_without_spending_a_use(
+    tmp_path: Path, build_store: LocalArtifactStore
+) -> None:
+    from verifier_support import fast_settings
+
+    from stitchcuda.verifier.service import VerifierService
+
+    svc = VerifierService(fast_settings(tmp_path / "home", reference_reuse=1), artifacts=build_store)
+    runs = counted(svc)
+    source = REF01.read_text()
+    assert svc.prepare_reference(source, device="cpu") is True
+    assert svc.prepare_reference(source, device="cpu") is False, "already there: nothing runs twice"
+    assert runs == [1]
+    verdict = svc.verify_dir(REF01, FIXTURES / "honest_cpu", device="cpu")
+    assert verdict.accepted, verdict.reason
+    assert runs == [1], "the verification reused the prepared results"
+    # The prepared run spent none of the reference's uses: with one use, that verification spent it.
+    svc.verify_dir(REF01, FIXTURES / "honest_cpu", device="cpu")
+    assert runs == [1, 1]
+
+
+def test_a_reference_that_fails_ahead_fails_its_verification_without_a_second_run(
+    tmp_path: Path, build_store: LocalArtifactStore
+) -> None:
+    from verifier_support import fast_settings
+
+    from stitchcuda.shared.errors import ProblemError
+    from stitchcuda.verifier.service import VerifierService
+
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        REF01.read_text().replace(
+            "y = x * self.scale", "raise RuntimeError('boom')\n        y = x * self.scale"
+        )
+    )
+    svc = VerifierService(fast_settings(tmp_path / "home"), artifacts=build_store)
+    runs = counted(svc)
+    with pytest.raises(ProblemError, match="boom") as ahead:
+        svc.prepare_reference(bad.read_text(), device="cpu")
+    with pytest.raises(ProblemError) as at_verification:
+        svc.verify_dir(bad, FIXTURES / "honest_cpu", device="cpu")
+    assert at_verification.value is ahead.value and runs == [1]

@@ -24,28 +24,31 @@ _sym_db = _symbol_database.Default()
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from stitchcuda.api.v1 import code_pb2 as stitchcuda_dot_api_dot_v1_dot_code__pb2
+from stitchcuda.api.v1 import jobs_pb2 as stitchcuda_dot_api_dot_v1_dot_jobs__pb2
 from stitchcuda.api.v1 import verify_pb2 as stitchcuda_dot_api_dot_v1_dot_verify__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n stitchcuda/api/v1/messages.proto\x12\x11stitchcuda.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cstitchcuda/api/v1/code.proto\x1a\x1estitchcuda/api/v1/verify.proto\"O\n\x0bPlanRequest\x12\x15\n\rreference_key\x18\x01 \x01(\t\x12\x19\n\x11previous_plan_key\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x1d\n\tPlanReady\x12\x10\n\x08plan_key\x18\x01 \x01(\t\"9\n\x0e\x43\x61ndidateReady\x12\x16\n\x0e\x63\x61ndidate_keys\x18\x01 \x03(\t\x12\x0f\n\x07\x66\x61ilure\x18\x02 \x01(\t\"f\n\x0cVerdictReady\x12\x13\n\x0bverdict_key\x18\x01 \x01(\t\x12\x15\n\rcandidate_key\x18\x02 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\x08\x12\x18\n\x10speedup_vs_eager\x18\x04 \x01(\x01\"W\n\x0c\x42uildRequest\x12\x15\n\rcandidate_key\x18\x01 \x01(\t\x12\x30\n\x06verify\x18\x02 \x01(\x0b\x32 .stitchcuda.api.v1.VerifyRequest\":\n\x0cJudgeRequest\x12\x15\n\rcandidate_key\x18\x01 \x01(\t\x12\x13\n\x0bverdict_key\x18\x02 \x01(\t\"\x95\x05\n\x08\x45nvelope\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x11\n\ttenant_id\x18\x04 \x01(\t\x12\r\n\x05round\x18\x05 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\r\x12+\n\x07sent_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0f\x63\x61ndidate_index\x18\x08 \x01(\r\x12\x36\n\x0cplan_request\x18\n \x01(\x0b\x32\x1e.stitchcuda.api.v1.PlanRequestH\x00\x12\x32\n\nplan_ready\x18\x0b \x01(\x0b\x32\x1c.stitchcuda.api.v1.PlanReadyH\x00\x12\x38\n\rcoder_request\x18\x0c \x01(\x0b\x32\x1f.stitchcuda.api.v1.CoderRequestH\x00\x12<\n\x0f\x63\x61ndidate_ready\x18\r \x01(\x0b\x32!.stitchcuda.api.v1.CandidateReadyH\x00\x12:\n\x0everify_request\x18\x0e \x01(\x0b\x32 .stitchcuda.api.v1.VerifyRequestH\x00\x12\x38\n\rverdict_ready\x18\x0f \x01(\x0b\x32\x1f.stitchcuda.api.v1.VerdictReadyH\x00\x12\x38\n\rbuild_request\x18\x10 \x01(\x0b\x32\x1f.stitchcuda.api.v1.BuildRequestH\x00\x12\x38\n\rjudge_request\x18\x11 \x01(\x0b\x32\x1f.stitchcuda.api.v1.JudgeRequestH\x00\x42\x06\n\x04\x62odyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n stitchcuda/api/v1/messages.proto\x12\x11stitchcuda.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cstitchcuda/api/v1/code.proto\x1a\x1cstitchcuda/api/v1/jobs.proto\x1a\x1estitchcuda/api/v1/verify.proto\"O\n\x0bPlanRequest\x12\x15\n\rreference_key\x18\x01 \x01(\t\x12\x19\n\x11previous_plan_key\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\x1d\n\tPlanReady\x12\x10\n\x08plan_key\x18\x01 \x01(\t\"9\n\x0e\x43\x61ndidateReady\x12\x16\n\x0e\x63\x61ndidate_keys\x18\x01 \x03(\t\x12\x0f\n\x07\x66\x61ilure\x18\x02 \x01(\t\"f\n\x0cVerdictReady\x12\x13\n\x0bverdict_key\x18\x01 \x01(\t\x12\x15\n\rcandidate_key\x18\x02 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\x08\x12\x18\n\x10speedup_vs_eager\x18\x04 \x01(\x01\"W\n\x0c\x42uildRequest\x12\x15\n\rcandidate_key\x18\x01 \x01(\t\x12\x30\n\x06verify\x18\x02 \x01(\x0b\x32 .stitchcuda.api.v1.VerifyRequest\"\x97\x01\n\x10ReferenceRequest\x12\x15\n\rreference_key\x18\x01 \x01(\t\x12)\n\x06\x64\x65vice\x18\x02 \x01(\x0e\x32\x19.stitchcuda.api.v1.Device\x12/\n\x06policy\x18\x03 \x01(\x0b\x32\x1f.stitchcuda.api.v1.VerifyPolicy\x12\x10\n\x08plan_key\x18\x04 \x01(\t\":\n\x0cJudgeRequest\x12\x15\n\rcandidate_key\x18\x01 \x01(\t\x12\x13\n\x0bverdict_key\x18\x02 \x01(\t\"\xd7\x05\n\x08\x45nvelope\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x11\n\ttenant_id\x18\x04 \x01(\t\x12\r\n\x05round\x18\x05 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\r\x12+\n\x07sent_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0f\x63\x61ndidate_index\x18\x08 \x01(\r\x12\x36\n\x0cplan_request\x18\n \x01(\x0b\x32\x1e.stitchcuda.api.v1.PlanRequestH\x00\x12\x32\n\nplan_ready\x18\x0b \x01(\x0b\x32\x1c.stitchcuda.api.v1.PlanReadyH\x00\x12\x38\n\rcoder_request\x18\x0c \x01(\x0b\x32\x1f.stitchcuda.api.v1.CoderRequestH\x00\x12<\n\x0f\x63\x61ndidate_ready\x18\r \x01(\x0b\x32!.stitchcuda.api.v1.CandidateReadyH\x00\x12:\n\x0everify_request\x18\x0e \x01(\x0b\x32 .stitchcuda.api.v1.VerifyRequestH\x00\x12\x38\n\rverdict_ready\x18\x0f \x01(\x0b\x32\x1f.stitchcuda.api.v1.VerdictReadyH\x00\x12\x38\n\rbuild_request\x18\x10 \x01(\x0b\x32\x1f.stitchcuda.api.v1.BuildRequestH\x00\x12\x38\n\rjudge_request\x18\x11 \x01(\x0b\x32\x1f.stitchcuda.api.v1.JudgeRequestH\x00\x12@\n\x11reference_request\x18\x12 \x01(\x0b\x32#.stitchcuda.api.v1.ReferenceRequestH\x00\x42\x06\n\x04\x62odyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stitchcuda.api.v1.messages_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PLANREQUEST']._serialized_start=150
-  _globals['_PLANREQUEST']._serialized_end=229
-  _globals['_PLANREADY']._serialized_start=231
-  _globals['_PLANREADY']._serialized_end=260
-  _globals['_CANDIDATEREADY']._serialized_start=262
-  _globals['_CANDIDATEREADY']._serialized_end=319
-  _globals['_VERDICTREADY']._serialized_start=321
-  _globals['_VERDICTREADY']._serialized_end=423
-  _globals['_BUILDREQUEST']._serialized_start=425
-  _globals['_BUILDREQUEST']._serialized_end=512
-  _globals['_JUDGEREQUEST']._serialized_start=514
-  _globals['_JUDGEREQUEST']._serialized_end=572
-  _globals['_ENVELOPE']._serialized_start=575
-  _globals['_ENVELOPE']._serialized_end=1236
+  _globals['_PLANREQUEST']._serialized_start=180
+  _globals['_PLANREQUEST']._serialized_end=259
+  _globals['_PLANREADY']._serialized_start=261
+  _globals['_PLANREADY']._serialized_end=290
+  _globals['_CANDIDATEREADY']._serialized_start=292
+  _globals['_CANDIDATEREADY']._serialized_end=349
+  _globals['_VERDICTREADY']._serialized_start=351
+  _globals['_VERDICTREADY']._serialized_end=453
+  _globals['_BUILDREQUEST']._serialized_start=455
+  _globals['_BUILDREQUEST']._serialized_end=542
+  _globals['_REFERENCEREQUEST']._serialized_start=545
+  _globals['_REFERENCEREQUEST']._serialized_end=696
+  _globals['_JUDGEREQUEST']._serialized_start=698
+  _globals['_JUDGEREQUEST']._serialized_end=756
+  _globals['_ENVELOPE']._serialized_start=759
+  _globals['_ENVELOPE']._serialized_end=1486
 # @@protoc_insertion_point(module_scope)

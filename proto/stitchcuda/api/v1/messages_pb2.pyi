@@ -9,6 +9,7 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from stitchcuda.api.v1 import code_pb2 as _code_pb2
+from stitchcuda.api.v1 import jobs_pb2 as _jobs_pb2
 from stitchcuda.api.v1 import verify_pb2 as _verify_pb2
 import builtins as _builtins
 import sys
@@ -141,6 +142,40 @@ class BuildRequest(_message.Message):
 Global___BuildRequest: _TypeAlias = BuildRequest  # noqa: Y015
 
 @_typing.final
+class ReferenceRequest(_message.Message):
+    """A problem's reference results (secret input sets, float64 ground truth, eager and torch.compile timings),
+    computed ahead of its first verification while the Coder writes and the build compiles; the
+    verification of the same reference, device and schedule then reuses them instead of waiting for them.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REFERENCE_KEY_FIELD_NUMBER: _builtins.int
+    DEVICE_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    PLAN_KEY_FIELD_NUMBER: _builtins.int
+    reference_key: _builtins.str
+    device: _jobs_pb2.Device.ValueType
+    plan_key: _builtins.str
+    @_builtins.property
+    def policy(self) -> _verify_pb2.VerifyPolicy: ...
+    def __init__(
+        self,
+        *,
+        reference_key: _builtins.str = ...,
+        device: _jobs_pb2.Device.ValueType = ...,
+        policy: _verify_pb2.VerifyPolicy | None = ...,
+        plan_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "plan_key", b"plan_key", "policy", b"policy", "reference_key", b"reference_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReferenceRequest: _TypeAlias = ReferenceRequest  # noqa: Y015
+
+@_typing.final
 class JudgeRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -182,6 +217,7 @@ class Envelope(_message.Message):
     VERDICT_READY_FIELD_NUMBER: _builtins.int
     BUILD_REQUEST_FIELD_NUMBER: _builtins.int
     JUDGE_REQUEST_FIELD_NUMBER: _builtins.int
+    REFERENCE_REQUEST_FIELD_NUMBER: _builtins.int
     schema_version: _builtins.int
     """Version of these contracts; receivers reject versions newer than they know."""
     message_id: _builtins.str
@@ -209,6 +245,8 @@ class Envelope(_message.Message):
     def build_request(self) -> Global___BuildRequest: ...
     @_builtins.property
     def judge_request(self) -> Global___JudgeRequest: ...
+    @_builtins.property
+    def reference_request(self) -> Global___ReferenceRequest: ...
     def __init__(
         self,
         *,
@@ -228,12 +266,13 @@ class Envelope(_message.Message):
         verdict_ready: Global___VerdictReady | None = ...,
         build_request: Global___BuildRequest | None = ...,
         judge_request: Global___JudgeRequest | None = ...,
+        reference_request: Global___ReferenceRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "build_request", b"build_request", "candidate_ready", b"candidate_ready", "coder_request", b"coder_request", "judge_request", b"judge_request", "plan_ready", b"plan_ready", "plan_request", b"plan_request", "sent_at", b"sent_at", "verdict_ready", b"verdict_ready", "verify_request", b"verify_request"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "build_request", b"build_request", "candidate_ready", b"candidate_ready", "coder_request", b"coder_request", "judge_request", b"judge_request", "plan_ready", b"plan_ready", "plan_request", b"plan_request", "reference_request", b"reference_request", "sent_at", b"sent_at", "verdict_ready", b"verdict_ready", "verify_request", b"verify_request"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "body", b"body", "build_request", b"build_request", "candidate_index", b"candidate_index", "candidate_ready", b"candidate_ready", "coder_request", b"coder_request", "job_id", b"job_id", "judge_request", b"judge_request", "message_id", b"message_id", "plan_ready", b"plan_ready", "plan_request", b"plan_request", "round", b"round", "schema_version", b"schema_version", "sent_at", b"sent_at", "tenant_id", b"tenant_id", "verdict_ready", b"verdict_ready", "verify_request", b"verify_request"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "body", b"body", "build_request", b"build_request", "candidate_index", b"candidate_index", "candidate_ready", b"candidate_ready", "coder_request", b"coder_request", "job_id", b"job_id", "judge_request", b"judge_request", "message_id", b"message_id", "plan_ready", b"plan_ready", "plan_request", b"plan_request", "reference_request", b"reference_request", "round", b"round", "schema_version", b"schema_version", "sent_at", b"sent_at", "tenant_id", b"tenant_id", "verdict_ready", b"verdict_ready", "verify_request", b"verify_request"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["plan_request", "plan_ready", "coder_request", "candidate_ready", "verify_request", "verdict_ready", "build_request", "judge_request"]  # noqa: Y015
+    _WhichOneofReturnType_body: _TypeAlias = _typing.Literal["plan_request", "plan_ready", "coder_request", "candidate_ready", "verify_request", "verdict_ready", "build_request", "judge_request", "reference_request"]  # noqa: Y015
     _WhichOneofArgType_body: _TypeAlias = _typing.Literal["body", b"body"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_body) -> _WhichOneofReturnType_body | None: ...
 
