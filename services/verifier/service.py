@@ -258,13 +258,18 @@ class VerifierService:
         findings: FindingList,
     ) -> None:
         evaluate.faults(run, findings, pol.timeout_s)
+        t0 = time.monotonic()
         correctness, correct = evaluate.correctness(run, ref, pol, findings)
         verdict.correctness.CopyFrom(correctness)
         verdict.correct = correct
         verdict.timing.CopyFrom(evaluate.timing(run, ref, pol, findings))
+        t1 = time.monotonic()
         sources = {f.path: f.content for f in candidate.files if not f.path.endswith(".py")}
         profile, acc = evaluate.profile(run, ref, sources, verdict.timing.median_ms, plan, pol, findings)
         verdict.profile.CopyFrom(profile)
+        # Where the evaluation's own time goes: outputs against the ground truth, then kernel accounting.
+        verdict.stage_seconds["compare"] = t1 - t0
+        verdict.stage_seconds["accounting"] = time.monotonic() - t1
         if acc is not None and ref.device == "cuda" and verdict.correct and not findings.rejects():
             try:
                 self._ncu(candidate, ext_dir, ref, acc, verdict, findings)
@@ -351,7 +356,9 @@ class VerifierService:
                     self._failed[key] = exc
                 raise
             self._keep(key, ref)
-            return True
+        # The first candidate's runner starts now (interpreter, torch, device), not after the build.
+        self.candidates.prewarm(device)
+        return True
 
     @staticmethod
     def _reference_key(source: str, device: str, pol: Policy) -> tuple[object, ...]:
@@ -513,7 +520,14 @@ class VerifierService:
         verdict.docs.extend(feedback.hints(verdict))
         verdict.feedback = feedback.render(verdict)
         if not quiet:
-            log.info("verdict %s: %s", verdict.candidate_id or "-", verdict.reason)
+            stages = " ".join(f"{k} {v:.1f}" for k, v in verdict.stage_seconds.items())
+            log.info(
+                "verdict %s: %s (%.1f s: %s)",
+                verdict.candidate_id or "-",
+                verdict.reason,
+                verdict.seconds,
+                stages,
+            )
 
     def close(self) -> None:
         """Stops the standby runner processes (they also exit with this process, or when idle)."""

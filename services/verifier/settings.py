@@ -81,7 +81,8 @@ class VerifierSettings(CommonSettings):
 
     # Build (nvcc works without a GPU, so CUDA builds run on CPU workers too).
     cuda_arch_list: str = "9.0"
-    build_jobs: int = 2
+    # Parallel compiles per build: the built-in Coder writes three units (kernels, host code, binding).
+    build_jobs: int = 3
     build_cache_dir: Path | None = None
     run_dir: Path | None = None
 

@@ -21,7 +21,7 @@ from stitchcuda.coder.synth.codegen import (
 )
 from stitchcuda.coder.synth.fusion import Program
 from stitchcuda.coder.synth.ir import Unsupported
-from stitchcuda.coder.synth.runtime import HEADER_NAME, operator_includes
+from stitchcuda.coder.synth.runtime import BINDING_FILE, HEADER_NAME, binding_source, operator_includes
 from stitchcuda.coder.synth.variants import Variant
 
 # -fno-trapping-math lets the vectorizer if-convert the branch-free math of stitch_runtime.h; it changes
@@ -516,8 +516,9 @@ def launch_lines(info: KernelInfo, host: Host, *, backend: str) -> list[str]:
     return lines
 
 
-def emit(program: Program, variant: Variant, ext_name: str) -> tuple[str, list[str], list[str]]:
-    """(forward.cpp source, cflags, ldflags) for the CPU extension."""
+def emit(program: Program, variant: Variant, ext_name: str) -> tuple[dict[str, str], list[str], list[str]]:
+    """({file: source}, cflags, ldflags) for the CPU extension: forward.cpp (kernels and forward()) and
+    binding.cpp (its Python binding), compiled in parallel."""
     kernels = CpuKernels(program, variant)
     host = Host(program, "cpu", kernels.launch, custom_library=variant.gemm == "custom")
     body = host.body()
@@ -533,7 +534,7 @@ def emit(program: Program, variant: Variant, ext_name: str) -> tuple[str, list[s
             f'#include "{HEADER_NAME}"',
             "",
             "#include <ATen/Parallel.h>",
-            "#include <torch/csrc/utils/pybind.h>",
+            "#include <ATen/core/Tensor.h>",
             "",
             *operator_includes(body_text),
             "",
@@ -552,13 +553,10 @@ def emit(program: Program, variant: Variant, ext_name: str) -> tuple[str, list[s
             "",
             *forward,
             "",
-            "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {",
-            f'  m.def("forward", &forward, "{ext_name} forward (fused CPU kernels)");',
-            "}",
-            "",
         ]
     )
-    return source, list(CFLAGS), list(LDFLAGS)
+    binding = binding_source(ext_name, ret, params, "fused CPU kernels")
+    return {"forward.cpp": source, BINDING_FILE: binding}, list(CFLAGS), list(LDFLAGS)
 
 
 def check_tensor_var(ident: str) -> str:

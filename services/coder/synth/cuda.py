@@ -29,7 +29,7 @@ from stitchcuda.coder.synth.cuda_levels import BLOCK_GROUP, split_levels
 from stitchcuda.coder.synth.cuda_patterns import moments_finish, moments_pair, online_softmax_pair
 from stitchcuda.coder.synth.fusion import Program
 from stitchcuda.coder.synth.ir import Attr, Ref, Unsupported
-from stitchcuda.coder.synth.runtime import HEADER_NAME, operator_includes
+from stitchcuda.coder.synth.runtime import BINDING_FILE, HEADER_NAME, binding_source, operator_includes
 from stitchcuda.coder.synth.variants import Variant
 
 CFLAGS = ["-O3", "-std=c++17"]
@@ -1030,9 +1030,10 @@ def emit(
 ) -> tuple[dict[str, str], list[str], list[str], list[str]]:
     """({file: source}, cflags, cuda_cflags, ldflags) for the CUDA extension.
 
-    Two translation units: kernels.cu (kernels and raw-pointer launchers, no torch header, so nvcc takes
-    seconds) and forward.cpp (tensor checks, allocation, library calls, forward() and the binding, built by
-    the host compiler with per-operator headers), where one .cu with torch/extension.h took nvcc a minute.
+    Three translation units, compiled in parallel: kernels.cu (kernels and raw-pointer launchers, no torch
+    header, so nvcc takes seconds), forward.cpp (tensor checks, allocation, library calls and forward(),
+    built by the host compiler with per-operator headers) and binding.cpp (the Python binding, unoptimised
+    glue), where one .cu with torch/extension.h took nvcc a minute.
     """
     kernels = CudaKernels(program, variant)
     host = Host(program, "cuda", kernels.launch, custom_library=variant.gemm == "custom")
@@ -1092,7 +1093,7 @@ def emit(
             "#include <c10/cuda/CUDAGuard.h>",
             "#include <c10/cuda/CUDAStream.h>",
             "#include <cuda_runtime_api.h>",
-            "#include <torch/csrc/utils/pybind.h>",
+            "#include <ATen/core/Tensor.h>",
             "",
             *operator_includes(host_code),
             "",
@@ -1114,13 +1115,10 @@ def emit(
             "",
             *forward,
             "",
-            "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {",
-            f'  m.def("forward", &forward, "{ext_name} forward (fused CUDA kernels)");',
-            "}",
-            "",
         ]
     )
-    files = {HOST_FILE: source, KERNELS_FILE: device}
+    binding = binding_source(ext_name, ret, params, "fused CUDA kernels")
+    files = {HOST_FILE: source, BINDING_FILE: binding, KERNELS_FILE: device}
     return files, list(CFLAGS), list(CUDA_CFLAGS), list(LDFLAGS)
 
 

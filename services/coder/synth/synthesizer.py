@@ -135,8 +135,7 @@ class Synthesizer:
 
             sources, cflags, cuda_cflags, ldflags = cuda.emit(program, variant, ext_name)
         else:
-            source, cflags, ldflags = cpu.emit(program, variant, ext_name)
-            sources = {"forward.cpp": source}
+            sources, cflags, ldflags = cpu.emit(program, variant, ext_name)
             cuda_cflags = []
         summary = [f"{k.name}: {k.kind} over {', '.join(k.origins)}" for k in program.kernels]
         # Scans, flips and triangles are host steps that launch the synthesizer's own kernels (scans.py).

@@ -79,10 +79,19 @@ def host_syntax_command(forward: Path, scratch: Path) -> list[str]:
             "-DTORCH_API_INCLUDE_EXTENSION_H", *includes, str(forward)]  # fmt: skip
 
 
+def host_unit(folder: Path, scratch: Path) -> Path:
+    """forward.cpp and binding.cpp as one file to parse: a binding whose declaration of forward() differs
+    from the definition is then an ambiguous overload, a compile error (apart, a missing symbol at import)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    unit = scratch / f"{folder.name}_host.cpp"
+    unit.write_text(f'#include "{folder / "forward.cpp"}"\n#include "{folder / "binding.cpp"}"\n')
+    return unit
+
+
 def assert_program_compiles(folder: Path, scratch: Path) -> None:
     """A written CUDA program: its host code parses and its kernels compile (the two at once)."""
     host = subprocess.Popen(
-        host_syntax_command(folder / "forward.cpp", scratch),
+        host_syntax_command(host_unit(folder, scratch), scratch),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -126,7 +135,7 @@ def test_host_code_parses_with_the_light_headers(programs: dict[str, Path], tmp_
     """forward.cpp against this torch's headers (a CPU build lacks one generated CUDA header: a stub)."""
     procs = {
         name: subprocess.Popen(
-            host_syntax_command(folder / "forward.cpp", tmp_path),
+            host_syntax_command(host_unit(folder, tmp_path), tmp_path),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -137,7 +146,8 @@ def test_host_code_parses_with_the_light_headers(programs: dict[str, Path], tmp_
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, f"{name}:\n{out[-3000:]}"
         host = (programs[name] / "forward.cpp").read_text()
-        assert "torch/extension.h" not in host
+        assert "torch/extension.h" not in host and "pybind" not in host, "the binding is its own unit"
+        assert "PYBIND11_MODULE" in (programs[name] / "binding.cpp").read_text()
         declared = set(re.findall(r"^void (\w+_launch)\(", host, re.MULTILINE))
         kernels = (programs[name] / "kernels.cu").read_text()
         exported = set(

@@ -172,6 +172,7 @@ def test_a_reference_prepared_ahead_serves_the_verification_without_spending_a_u
     assert svc.prepare_reference(source, device="cpu") is True
     assert svc.prepare_reference(source, device="cpu") is False, "already there: nothing runs twice"
     assert runs == [1]
+    assert "cpu" in svc.candidates._standby, "the first candidate's runner starts while the build runs"
     verdict = svc.verify_dir(REF01, FIXTURES / "honest_cpu", device="cpu")
     assert verdict.accepted, verdict.reason
     assert runs == [1], "the verification reused the prepared results"

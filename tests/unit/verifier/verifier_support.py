@@ -21,7 +21,7 @@ def fast_settings(home: Path, **overrides: object) -> VerifierSettings:
         "run_timeout_s": 90.0,
         "reference_timeout_s": 180.0,
         "reference_reuse": 100,
-        "build_jobs": 1,
+        "build_jobs": 2,
     }
     values.update(overrides)
     return VerifierSettings(**values)  # type: ignore[arg-type]
