@@ -139,13 +139,13 @@ def faults(run: CandidateRun, findings: FindingList, timeout_s: float) -> None:
         findings.add(rule, "REJECT", f"the candidate process {out.crash_reason()}")
 
 
-def correctness(
-    run: CandidateRun, ref: ReferenceResult, policy: Policy, findings: FindingList
-) -> tuple[verify_pb2.CorrectnessResult, bool]:
-    plan = ref.plan
-    refs = [(s.ref32, s.ref64) for name, s in ref.sets.items() if name != plan.offshape]
+def reference_tolerances(ref: ReferenceResult, policy: Policy) -> tuple[list[compare.Tolerance], list[str]]:
+    """The per-output tolerances (from the reference's float32-vs-float64 error over every set) and the
+    null-model warnings: the same for every candidate checked against `ref` under `policy`, so computed
+    once (ahead of the first candidate where the reference was prepared ahead) and kept in ref.memo."""
     key = ("tolerances", policy.tol_floor, policy.tol_max_floor, policy.tol_factor, policy.precision)
-    if key not in ref.memo:  # the same for every candidate checked against this reference
+    if key not in ref.memo:
+        refs = [(s.ref32, s.ref64) for name, s in ref.sets.items() if name != ref.plan.offshape]
         tolerances = compare.tolerances(
             refs,
             floor=policy.tol_floor,
@@ -154,7 +154,15 @@ def correctness(
             precision=policy.precision,
         )
         ref.memo[key] = (tolerances, compare.null_model_warnings(refs, tolerances))
-    tols, null_warnings = ref.memo[key]
+    cached: tuple[list[compare.Tolerance], list[str]] = ref.memo[key]
+    return cached
+
+
+def correctness(
+    run: CandidateRun, ref: ReferenceResult, policy: Policy, findings: FindingList
+) -> tuple[verify_pb2.CorrectnessResult, bool]:
+    plan = ref.plan
+    tols, null_warnings = reference_tolerances(ref, policy)
     result = verify_pb2.CorrectnessResult(tolerance=tols[0].rel_l2 if tols else policy.tol_floor)
     expected = [n for n in plan.checked if n in ref.sets]
     timed = sorted(n for n in run.outputs if n.startswith("timed["))

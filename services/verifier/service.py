@@ -107,15 +107,7 @@ class VerifierService:
         started = time.monotonic()
         report = progress or (lambda stage, fraction: None)
         device = devices.resolve(device)
-        pol = self.policy(policy)
-        pol.noise = self.settings.timing_noise_cuda if device == "cuda" else self.settings.timing_noise_cpu
-        if (
-            plan is not None
-            and plan.dtype
-            and not pol.precision
-            and plan.dtype not in ("float32", "torch.float32")
-        ):
-            pol.precision = plan.dtype
+        pol = self._job_policy(policy, device, plan)
         verdict = verify_pb2.Verdict(
             schema_version=SCHEMA_VERSION,
             candidate_id=candidate.candidate_id,
@@ -138,6 +130,21 @@ class VerifierService:
         self._finish(verdict, findings, started)
         report("done", 1.0)
         return verdict
+
+    def _job_policy(
+        self, policy: verify_pb2.VerifyPolicy | None, device: str, plan: plan_pb2.Plan | None
+    ) -> Policy:
+        """The request's policy with this device's timing noise and the plan's precision."""
+        pol = self.policy(policy)
+        pol.noise = self.settings.timing_noise_cuda if device == "cuda" else self.settings.timing_noise_cpu
+        if (
+            plan is not None
+            and plan.dtype
+            and not pol.precision
+            and plan.dtype not in ("float32", "torch.float32")
+        ):
+            pol.precision = plan.dtype
+        return pol
 
     def policy(self, policy: verify_pb2.VerifyPolicy | None) -> Policy:
         """The effective policy: non-zero fields of the request over the settings' defaults."""
@@ -342,7 +349,7 @@ class VerifierService:
         and schedule, without spending one of their uses. False when usable results are already there.
         A reference that fails raises here, and its first verification raises the same error at once."""
         device = devices.resolve(device)
-        pol = self.policy(policy)
+        pol = self._job_policy(policy, device, plan)
         key = self._reference_key(reference_source, device, pol)
         with self._key_lock(key), self._stored(key):
             if self._usable(key):
@@ -355,6 +362,8 @@ class VerifierService:
                 with self._lock:
                     self._failed[key] = exc
                 raise
+            # What every candidate is compared with, derived now rather than after the first one ran.
+            evaluate.reference_tolerances(ref, pol)
             self._keep(key, ref)
         # The first candidate's runner starts now (interpreter, torch, device), not after the build.
         self.candidates.prewarm(device)

@@ -110,3 +110,44 @@ def test_integer_outputs_compare_exactly():
     tols = [compare.Tolerance(1.0, 1.0, 0.0, 0.0)]
     assert compare.check_set([torch.tensor([1, 2, 3])], ref, None, tols).ok
     assert not compare.check_set([torch.tensor([1, 2, 4])], ref, None, tols).ok
+
+
+def whole_array_errors(candidate: torch.Tensor, target: torch.Tensor) -> tuple[float, float, float]:
+    """The definition, in one float64 pass over finite positions (what the chunked version must equal)."""
+    c, t = candidate.double().reshape(-1), target.double().reshape(-1)
+    keep = torch.isfinite(c) & torch.isfinite(t)
+    c, t = c[keep], t[keep]
+    diff = (c - t).abs()
+    max_abs = float(diff.max())
+    return float(diff.norm() / t.norm()), max_abs / float(t.abs().max()), max_abs
+
+
+def test_errors_over_chunks_equal_the_whole_array_definition():
+    torch.manual_seed(3)
+    n = 3 * compare.ERROR_CHUNK + 1234  # a partial last chunk
+    target = torch.randn(n, dtype=torch.float64) * torch.logspace(-3, 3, n, dtype=torch.float64)
+    candidate = (target + 1e-6 * torch.randn(n, dtype=torch.float64)).float()
+    # Non-finite values on both sides of chunk boundaries are left out, as in the whole-array definition.
+    for i in (compare.ERROR_CHUNK - 1, compare.ERROR_CHUNK, 2 * compare.ERROR_CHUNK + 7):
+        candidate[i] = float("nan")
+    target[5] = float("inf")
+    candidate[n - 1] = 1e3  # the worst element, in the last partial chunk
+    got, want = compare.errors(candidate, target), whole_array_errors(candidate, target)
+    for g, w in zip(got, want, strict=True):
+        assert abs(g - w) <= 1e-12 * max(abs(w), 1e-30), (got, want)
+    # A float64 candidate is the caller's tensor: the check must not change it.
+    before = target.clone()
+    compare.errors(target, target * (1 + 1e-9))
+    assert torch.equal(target, before)
+
+
+def test_all_finite_is_exact_where_the_fast_sum_cannot_tell():
+    assert compare.all_finite(torch.randn(1000))
+    assert not compare.all_finite(torch.tensor([1.0, float("nan")]))
+    assert not compare.all_finite(torch.tensor([float("inf"), -float("inf")]))  # the sum is NaN
+    assert not compare.all_finite(torch.tensor([1.0, float("inf")], dtype=torch.float64))
+    # Finite values whose float64 sum overflows: the exact test decides.
+    assert compare.all_finite(torch.tensor([1.7e308, 1.7e308], dtype=torch.float64))
+    assert compare.all_finite(torch.tensor([3.0e38, 3.0e38]))  # float32 values summed in float64
+    assert compare.all_finite(torch.tensor([1, 2, 3]))
+    assert not compare.all_finite(torch.tensor([complex(1.0, float("nan"))]))
