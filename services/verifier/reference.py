@@ -351,16 +351,20 @@ class ReferenceStore:
             return None
         return dict(meta)
 
-    def take(self, key: tuple[object, ...]) -> tuple[str, ReferenceResult | None] | None:
+    def take(self, key: tuple[object, ...], holding: str = "") -> tuple[str, ReferenceResult | None] | None:
         """(entry id, the result or None when the caller holds it in memory) for one more use; None if
-        there is no usable entry (missing, spent, expired or unreadable). Call under `locked(key)`."""
+        there is no usable entry (missing, spent, expired or unreadable). `holding` is the entry id the
+        caller holds: that entry is not read from disk again. Call under `locked(key)`."""
         data, meta_path, _ = self._paths(self.digest(key))
         meta = self._usable_meta(data, meta_path)
         if meta is None:
             return None
         meta["uses"] = int(meta["uses"]) + 1
         self._write_meta(meta_path, meta)
-        return str(meta["entry"]), None if not data.is_file() else self._load(data, meta_path)
+        entry = str(meta["entry"])
+        if entry == holding or not data.is_file():
+            return entry, None
+        return entry, self._load(data, meta_path)
 
     def _load(self, data: Path, meta_path: Path) -> ReferenceResult | None:
         import torch

@@ -85,8 +85,8 @@ class CandidateRunner:
             outcome = self.sandbox.finish(launch, header, payload, timeout_s, transform=summarizer(ref))
         finally:
             shutil.rmtree(root, ignore_errors=True)
-        if not prefix:
-            self.prewarm(device)
+        # The next standby starts when the caller is done with this run (`prewarm`): started here, its
+        # interpreter and device start-up took the cores the evaluation's parallel loops wait on.
         return _collect(outcome, nonce, token)
 
     def prewarm(self, device: str) -> None:

@@ -252,6 +252,9 @@ class VerifierService:
                 f"could not evaluate the run: {type(exc).__name__}: {exc}",
             )
         verdict.stage_seconds["evaluate"] = time.monotonic() - t_eval
+        # The next candidate's runner starts now, after the evaluation (whose parallel loops it slowed
+        # 5x when it started beside them), while the Coder writes the next round.
+        self.candidates.prewarm(device)
 
     def _evaluate(
         self,
@@ -408,8 +411,9 @@ class VerifierService:
         if failed is not None:  # the run ahead of this verification failed: no second try of the same
             raise failed
         with self._key_lock(key), self._stored(key):
-            taken = self.reference_store.take(key) if self.reference_store else None
             held = self._refs.get(key)
+            holding = held[0] if held is not None else ""
+            taken = self.reference_store.take(key, holding) if self.reference_store else None
             if taken is not None:  # the node's store counted this use
                 entry, loaded = taken
                 ref = held[1] if held is not None and held[0] == entry else loaded

@@ -49,6 +49,10 @@ def test_folder_round_trip(tmp_path):
     write_dir(cand, tmp_path / "c")
     back = read_dir(tmp_path / "c")
     assert content_hash(back) == content_hash(cand)
+    # Declared library calls travel with the folder (the library policy reads them when it is verified).
+    cand.build.libraries.append("cublas")
+    write_dir(cand, tmp_path / "d")
+    assert list(read_dir(tmp_path / "d").build.libraries) == ["cublas"]
 
 
 def test_hash_changes_with_sources_and_flags():

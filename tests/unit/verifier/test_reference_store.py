@@ -202,3 +202,12 @@ def test_a_reference_that_fails_ahead_fails_its_verification_without_a_second_ru
     with pytest.raises(ProblemError) as at_verification:
         svc.verify_dir(bad, FIXTURES / "honest_cpu", device="cpu")
     assert at_verification.value is ahead.value and runs == [1]
+
+
+def test_an_entry_the_caller_holds_is_not_read_again(tmp_path: Path) -> None:
+    key = ("0b" * 32, "cpu")
+    s = store(tmp_path)
+    entry = s.put(key, result(numel=1000))
+    assert s.take(key, holding=entry) == (entry, None), "counted, not loaded: the process holds it"
+    taken = s.take(key, holding="another-entry")
+    assert taken is not None and taken[1] is not None, "another process's entry is read from disk"
