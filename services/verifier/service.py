@@ -73,7 +73,7 @@ class VerifierService:
         )
         self._ref_locks: dict[tuple[object, ...], threading.Lock] = {}
         # A reference run ahead of verification that failed, raised again by the key's next verification.
-        self._failed: dict[tuple[object, ...], BaseException] = {}
+        self._failed: dict[tuple[object, ...], tuple[float, BaseException]] = {}
         self._lock = threading.Lock()
 
     # --- public API ------------------------------------------------------------------------------
@@ -362,8 +362,14 @@ class VerifierService:
                     key, reference_source, device, pol, limits.problem_size(plan), uses=0
                 )
             except (HarnessError, ProblemError) as exc:
+                # Kept without its traceback (whose frames may hold a problem's tensors), until the key's
+                # next verification or the reference's time to live.
                 with self._lock:
-                    self._failed[key] = exc
+                    now = time.monotonic()
+                    self._failed = {
+                        k: v for k, v in self._failed.items() if now - v[0] < self.settings.reference_ttl_s
+                    }
+                    self._failed[key] = (now, exc.with_traceback(None))
                 raise
             # What every candidate is compared with, derived now rather than after the first one ran.
             evaluate.reference_tolerances(ref, pol)
@@ -408,8 +414,8 @@ class VerifierService:
         key = self._reference_key(source, device, pol)
         with self._lock:
             failed = self._failed.pop(key, None)
-        if failed is not None:  # the run ahead of this verification failed: no second try of the same
-            raise failed
+        if failed is not None and time.monotonic() - failed[0] < self.settings.reference_ttl_s:
+            raise failed[1]  # the run ahead of this verification failed: no second try of the same
         with self._key_lock(key), self._stored(key):
             held = self._refs.get(key)
             holding = held[0] if held is not None else ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import threading
 import time
@@ -99,7 +100,11 @@ class VerifierWorker(BaseWorker):
             return
         with self._preparing_lock:
             self._preparing = [t for t in self._preparing if t.is_alive()]
-            thread = threading.Thread(target=run, name=f"reference-{env.job_id[:8]}", daemon=True)
+            # The thread logs under the job's context (job, tenant, round), as the handler does.
+            context = contextvars.copy_context()
+            thread = threading.Thread(
+                target=context.run, args=(run,), name=f"reference-{env.job_id[:8]}", daemon=True
+            )
             self._preparing.append(thread)
         thread.start()
 
