@@ -63,8 +63,10 @@ class VerifierWorker(BaseWorker):
             self._build(env, job)
         elif body == "reference_request":
             self._prepare_reference(env, job)
-        else:
+        elif body == "verify_request":
             self._verify(env, job)
+        else:  # a message of a newer workflow (or another queue's): not a verification with no candidate
+            log.warning("verifier queue message with body %r dropped: this verifier does not handle it", body)
 
     def _prepare_reference(self, env: messages_pb2.Envelope, job: jobs_pb2.Job) -> None:
         """Runs the job's reference (inputs, ground truth, baselines) before its first candidate exists,
