@@ -556,7 +556,8 @@ def emit(program: Program, variant: Variant, ext_name: str) -> tuple[dict[str, s
         ]
     )
     binding = binding_source(ext_name, ret, params, "fused CPU kernels")
-    return {"forward.cpp": source, BINDING_FILE: binding}, list(CFLAGS), list(LDFLAGS)
+    # In name order, as the Coder's answer parser lists an answer's sources (the same program either way).
+    return {BINDING_FILE: binding, "forward.cpp": source}, list(CFLAGS), list(LDFLAGS)
 
 
 def check_tensor_var(ident: str) -> str:
