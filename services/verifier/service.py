@@ -401,10 +401,12 @@ class VerifierService:
         if self.reference_store is not None:
             entry = self.reference_store.peek(key)
             return entry is not None and (entry[1] or (held is not None and held[0] == entry[0]))
-        return (
-            held is not None
-            and held[1].uses < self.settings.reference_reuse
-            and time.monotonic() - held[1].created < self.settings.reference_ttl_s
+        return held is not None and self._has_uses_left(held[1])
+
+    def _has_uses_left(self, ref: ReferenceResult) -> bool:
+        """A result held in this process (no node store) serves `reference_reuse` uses within its TTL."""
+        return ref.uses < self.settings.reference_reuse and (
+            time.monotonic() - ref.created < self.settings.reference_ttl_s
         )
 
     def _reference(
@@ -429,9 +431,7 @@ class VerifierService:
                     return ref
             elif held is not None and not self.reference_store:
                 ref = held[1]
-                if ref.uses < self.settings.reference_reuse and time.monotonic() - ref.created < (
-                    self.settings.reference_ttl_s
-                ):
+                if self._has_uses_left(ref):
                     ref.uses += 1
                     return ref
             ref = self._run_reference(key, source, device, pol, size)

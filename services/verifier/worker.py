@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from stitchcuda.api.v1 import code_pb2, jobs_pb2, messages_pb2, verify_pb2
+from stitchcuda.api.v1 import code_pb2, jobs_pb2, messages_pb2, plan_pb2, verify_pb2
 from stitchcuda.shared.artifacts import ArtifactStore, Keys, sha256_hex
 from stitchcuda.shared.candidate import content_hash
 from stitchcuda.shared.errors import HarnessError, ProblemError
@@ -74,7 +74,7 @@ class VerifierWorker(BaseWorker):
         is only logged here: the verification raises it and ends the job with it."""
         req = env.reference_request
         source = self.load_reference(req.reference_key)
-        plan = self.load_plan(req.plan_key) if req.plan_key and self.artifacts.exists(req.plan_key) else None
+        plan = self._plan(req.plan_key)
         device = device_name(req.device or job.spec.device)
         self.workflow.progress(
             env, "reference", 0.0, "computing the reference's results ahead of verification"
@@ -109,6 +109,10 @@ class VerifierWorker(BaseWorker):
             )
             self._preparing.append(thread)
         thread.start()
+
+    def _plan(self, key: str) -> plan_pb2.Plan | None:
+        """The job's plan named in a request, if it was stored (a request may name none)."""
+        return self.load_plan(key) if key and self.artifacts.exists(key) else None
 
     def wait_references(self, timeout_s: float | None = None) -> None:
         """Waits for the references still being computed on background threads (embedded mode)."""
@@ -150,7 +154,7 @@ class VerifierWorker(BaseWorker):
         if self._reuse(env, job, candidate, req):
             return
         source = self.load_reference(req.reference_key)
-        plan = self.load_plan(req.plan_key) if req.plan_key and self.artifacts.exists(req.plan_key) else None
+        plan = self._plan(req.plan_key)
         device = device_name(req.device or job.spec.device)
         try:
             with self._device_slot(device):

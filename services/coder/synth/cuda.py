@@ -1032,8 +1032,8 @@ def emit(
 
     Three translation units, compiled in parallel: kernels.cu (kernels and raw-pointer launchers, no torch
     header, so nvcc takes seconds), forward.cpp (tensor checks, allocation, library calls and forward(),
-    built by the host compiler with per-operator headers) and binding.cpp (the Python binding, unoptimised
-    glue), where one .cu with torch/extension.h took nvcc a minute.
+    built by the host compiler with per-operator headers) and binding.cpp (the Python binding, glue
+    compiled at -O1), where one .cu with torch/extension.h took nvcc a minute.
     """
     kernels = CudaKernels(program, variant)
     host = Host(program, "cuda", kernels.launch, custom_library=variant.gemm == "custom")
