@@ -58,3 +58,20 @@ def gpu_slot(
         if time.monotonic() > deadline:
             raise Unavailable(f"no free CUDA context slot on GPU {gpu} after {timeout_s:.0f} s")
         time.sleep(poll_s)
+
+
+@contextlib.contextmanager
+def gpu_turn(folder: Path, gpu: str, mode: str) -> Iterator[None]:
+    """Holds the node's turn on `gpu` in `mode` ("shared" for GPU work, "alone" for timing) for the block.
+
+    For work a process starts whole (the Planner's runs); the Verifier's runners take their turns
+    themselves. The protocol lives beside the runner scripts, which import it directly.
+    """
+    from stitchcuda.verifier.harness import turns
+
+    held = turns.Turns.at(folder, gpu)
+    try:
+        held.take(mode)
+        yield
+    finally:
+        held.close()

@@ -40,6 +40,9 @@ class CommonSettings(BaseSettings):
     # Per-node bound on concurrent CUDA contexts (verifier workers on one node share the slots).
     gpu_slots_per_gpu: int = Field(default=1, ge=1)
     gpu_slot_dir: Path = Path("/tmp/stitchcuda-gpu-slots")
+    # Processes that share a GPU (several slots, the Planner's runs) work on it at once but time alone:
+    # GPU work takes the node's turn on the device shared, a timing takes it alone (verifier/harness/turns).
+    gpu_turns: bool = True
 
     # HMAC key for API-key hashing and signed tokens.
     secret_key: SecretStr = SecretStr("dev-only-secret")

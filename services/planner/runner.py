@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import tempfile
@@ -15,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from stitchcuda.planner.analysis import Analysis, CompileResult, EagerResult, RunResult
 from stitchcuda.planner.settings import PlannerSettings
+from stitchcuda.shared.gpu_slots import gpu_turn, visible_gpus
 from stitchcuda.shared.isolation import Isolation, kill_group
 
 HARNESS = Path(__file__).with_name("harness.py")
@@ -106,7 +108,7 @@ class ReferenceRunner:
         outcome = Outcome()
         start = time.monotonic()
         stderr_path = work / "stderr.txt"
-        with stderr_path.open("wb") as stderr:
+        with stderr_path.open("wb") as stderr, self._turn(device, prefix):
             proc = subprocess.Popen(
                 cmd,
                 cwd=work,
@@ -131,6 +133,14 @@ class ReferenceRunner:
         outcome.compiled = _read(work / "compile.json", CompileResult, outcome)
         outcome.eager = _read(work / "eager.json", EagerResult, outcome)
         return outcome
+
+    def _turn(self, device: str, prefix: list[str]) -> contextlib.AbstractContextManager[None]:
+        """A GPU run shares the device with the node's other work and keeps off its timings; a run under
+        a profiler (nsys times kernels) has the device alone."""
+        gpus = visible_gpus() if device == "cuda" and self.settings.gpu_turns else []
+        if not gpus:
+            return contextlib.nullcontext()
+        return gpu_turn(self.settings.gpu_slot_dir, gpus[0], "alone" if prefix else "shared")
 
     def run_budget(self, work: Path) -> float:
         """Seconds the real run (forward, timing, profile) may take, from the analysis's FLOPs: a forward

@@ -218,6 +218,8 @@ class CandidateRunner:
             "offshape": offshape,
             "poison_shapes": poison,
             "memory": memory,
+            # A large problem's run, and a profiling tool's, hold the GPU alone throughout (turns.py).
+            "gpu_alone": ref.alone or quick,
             "baseline": baseline,
             "rounds": self.settings.timing_rounds,
             "max_rounds": max(self.settings.timing_rounds, self.settings.timing_max_rounds),

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stitchcuda.shared.gpu_slots import visible_gpus
 from stitchcuda.shared.isolation import system_binds
-from stitchcuda.verifier.harness import wire
+from stitchcuda.verifier.harness import turns, wire
 from stitchcuda.verifier.settings import VerifierSettings
 
 log = logging.getLogger("stitchcuda.verifier.sandbox")
@@ -282,8 +283,21 @@ class Sandbox:
     def _system_binds(self, device: str) -> list[str]:
         return system_binds(device == "cuda", tools=("nvcc", "ncu", "ninja"))
 
+    def _turn_files(self, spec: RunSpec) -> tuple[int, int] | None:
+        """The node's turn files of this run's GPU, opened for it alone (None: no turns to take)."""
+        if spec.device != "cuda" or not self.settings.gpu_turns:
+            return None
+        gpus = visible_gpus()
+        return turns.open_files(self.settings.gpu_slot_dir, gpus[0]) if gpus else None
+
     def _command(
-        self, spec: RunSpec, job_fd: int, result_fd: int, share_fd: int, uid: int
+        self,
+        spec: RunSpec,
+        job_fd: int,
+        result_fd: int,
+        share_fd: int,
+        uid: int,
+        turn_fds: tuple[int, int] | None = None,
     ) -> tuple[list[str], str]:
         harness = (
             self.inside("harness", {"harness": Mount(HARNESS_DIR)})
@@ -294,6 +308,8 @@ class Sandbox:
         share_min = int(self.settings.shared_memory_min_mb * (1 << 20))
         runner += ["--result-fd", str(result_fd), "--share-fd", str(share_fd), "--share-min", str(share_min)]
         runner += ["--uid", str(uid), "--gid", str(uid), *spec.args]
+        if turn_fds:
+            runner += ["--turns", f"{turn_fds[0]},{turn_fds[1]}"]
         work = self.inside("work", spec.mounts)
         if self.mode != "bwrap":
             return runner, work
@@ -384,7 +400,8 @@ class Sandbox:
         # Large tensors come back as sealed memfds over this socket (harness/wire.py), not the pipe.
         share_r, share_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         share_r.settimeout(wire.SHARE_WAIT_S)
-        cmd, cwd = self._command(spec, job_r, res_w, share_w.fileno(), uid)
+        turn_fds = self._turn_files(spec)
+        cmd, cwd = self._command(spec, job_r, res_w, share_w.fileno(), uid, turn_fds)
         env = self._env(spec, token)
         limits = self._limits(spec, uid)
         log_path = spec.log_path or (work.parent / f"{spec.label}.log")
@@ -395,7 +412,7 @@ class Sandbox:
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
-                    pass_fds=(job_r, res_w, share_w.fileno()),
+                    pass_fds=(job_r, res_w, share_w.fileno(), *(turn_fds or ())),
                     start_new_session=True,
                     preexec_fn=limits,  # noqa: PLW1509 - rlimits must be set between fork and exec
                     env=env,
@@ -409,6 +426,9 @@ class Sandbox:
                 os.close(job_r)
                 os.close(res_w)
                 share_w.close()
+                # The runner holds the only descriptions of its turn files: its turn ends when it does.
+                for fd in turn_fds or ():
+                    os.close(fd)
         launch = Launch(spec=spec, proc=proc, token=token, job_fd=job_w, log_path=log_path, uid=uid)
         # The channel carries at most what the run may hold (a large problem's inputs and ground truth).
         max_payload = max(int(self.settings.max_payload_gb * (1 << 30)), spec.memory_bytes)

@@ -570,7 +570,14 @@ class VerifierService:
 
 # The candidate runner's phase marks (seconds since its start) that end each stage, after the mark that
 # begins it: correctness from the import of the candidate to its last checked call, and so on.
-_RUN_STAGES = (("correctness", "import"), ("timing", "correctness"), ("profile", "timing"))
+# "turn" (a GPU run's wait for the device alone, between its correctness and its timing) is marked only
+# where the GPU is shared; without it the timing begins where the correctness ends.
+_RUN_STAGES = (
+    ("correctness", ("import",)),
+    ("turn", ("correctness",)),
+    ("timing", ("turn", "correctness")),
+    ("profile", ("timing",)),
+)
 
 
 def stage_durations(phases: object, wall_s: float, verdict: verify_pb2.Verdict) -> None:
@@ -579,6 +586,7 @@ def stage_durations(phases: object, wall_s: float, verdict: verify_pb2.Verdict) 
     if not isinstance(phases, dict):
         return
     for stage, begins in _RUN_STAGES:
-        end, start = phases.get(stage), phases.get(begins)
+        end = phases.get(stage)
+        start = next((phases[b] for b in begins if b in phases), None)
         if isinstance(end, int | float) and isinstance(start, int | float) and end >= start:
             verdict.stage_seconds[stage] = min(float(end - start), max(wall_s, 0.0))

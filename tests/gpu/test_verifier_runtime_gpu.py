@@ -6,6 +6,9 @@ Run on the H200 device machine: `pytest tests/gpu/test_verifier_runtime_gpu.py -
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ import torch
 
 from stitchcuda.api.v1 import verify_pb2
 from stitchcuda.shared.candidate import read_dir
+from stitchcuda.shared.gpu_slots import visible_gpus
 from stitchcuda.verifier.service import VerifierService
 from stitchcuda.verifier.settings import VerifierSettings
 
@@ -162,3 +166,33 @@ def test_same_build_is_reused(service: VerifierService, tmp_path: Path) -> None:
     first = service.build(cand, device="cuda")
     again = service.build(cand, device="cuda")
     assert first.ok and again.ok and again.cached
+
+
+def test_timings_wait_for_the_gpu_alone(tmp_path: Path) -> None:
+    """Another process working on the GPU (holding the node's turn shared) holds the verification's timings
+    back, never its work: the reference waits for the device alone before it times eager, and the verdict
+    comes once the other work is done."""
+    slots = tmp_path / "slots"
+    gpu = visible_gpus()[0]
+    hold_s = 12.0
+    code = (
+        "import sys, time; from stitchcuda.verifier.harness import turns; "
+        "t = turns.Turns.at(sys.argv[1], sys.argv[2]); t.take(turns.SHARED); print('held', flush=True); "
+        "time.sleep(float(sys.argv[3]))"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(slots), gpu, str(hold_s)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        svc = VerifierService(
+            VerifierSettings(home=tmp_path / "home", compile_baseline=False, ncu="off", gpu_slot_dir=slots)
+        )
+        verdict = svc.verify_dir(REF01, candidate_dir(tmp_path, "turned"), device="cuda")
+        waited = time.monotonic() - started
+    finally:
+        holder.kill()
+    assert verdict.accepted, verdict.feedback
+    assert waited >= hold_s - 2.0, f"the verification finished in {waited:.1f} s beside another's GPU work"
+    assert holder.wait(10) is not None

@@ -29,6 +29,7 @@ import common
 import served_builds
 import stats
 import triton_launch
+import turns
 import wire
 
 HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -717,6 +718,11 @@ def main() -> None:
     header, payload = common.read_job(job_file, idle_timeout=args.idle_timeout)
     t_job = common.now()
     mark("job")
+    # The GPU is shared with the node's other runs while this one works and is its alone while it times
+    # (turns.py); a large problem's run keeps it alone throughout (its memory is most of the device's).
+    gpu = args.turns
+    work = turns.ALONE if header.get("gpu_alone") else turns.SHARED
+    gpu.take(work)
     if header["device"] != device:
         send(
             {
@@ -939,6 +945,9 @@ def main() -> None:
         # made (each is a whole input or output set, GiBs at KernelBench's level-1 sizes).
         slots.clear()
         alive.clear()
+        if gpu.fds is not None:
+            gpu.take(turns.ALONE)
+            mark("turn")
         # Timed loop (D7): rotating input sets, outputs of secretly chosen iterations checked too.
         stage = "timing"
         pool = harness_memory(lambda: [to_device(sets[n], device) for n in header["pool"]])
@@ -1110,6 +1119,7 @@ def main() -> None:
         send({"kind": "profile", "events": trace_events(trace_path, token), "custom_calls": profiled_calls})
         auditor.phase = "after-profile"
         mark("profile")
+        gpu.take(work)
 
         # Off-shape probe (D4): reported on its own, never fatal here.
         offshape = header.get("offshape")
@@ -1157,6 +1167,7 @@ def main() -> None:
         mem["reserved"] = torch.cuda.memory_reserved()
     send(mem)
     mark("end")
+    gpu.release()
     phases["after_job"] = round(common.now() - t_job, 4)
     send({"kind": "findings", "items": findings.items})
     send({"kind": "done", "nonce": header["nonce"], "calls": calls[0], "phases": phases})

@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
+import turns
 import wire
 
 # A frozen copy of the clock, taken when this module is first imported (before any candidate code).
@@ -35,6 +36,8 @@ def start(description: str) -> tuple[argparse.Namespace, BinaryIO, BinaryIO]:
     parser.add_argument("--threads", type=int, default=0)
     # A standby runner that gets no job in this long exits on its own.
     parser.add_argument("--idle-timeout", type=float, default=0.0)
+    # The node's turn files of this run's GPU (turns.py): GPU work shared, timing alone.
+    parser.add_argument("--turns", default="")
     args = parser.parse_args()
     if args.uid >= 0 and os.getuid() == 0:
         os.setgroups([])
@@ -51,6 +54,10 @@ def start(description: str) -> tuple[argparse.Namespace, BinaryIO, BinaryIO]:
         os.close(args.share_fd)
     elif args.share_fd >= 0:
         args.share = socket.socket(fileno=_move_fd(args.share_fd, target + 1, 300))
+    fds = turns.parse(args.turns)
+    args.turns = turns.Turns(
+        (_move_fd(fds[0], 100, 50), _move_fd(fds[1], 150, 50)) if fds is not None else None
+    )
     return args, job, out
 
 

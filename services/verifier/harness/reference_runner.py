@@ -9,6 +9,7 @@ when asked, and sends everything back over the private channel. It never sees ca
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import math
@@ -20,6 +21,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common
+import turns
 import wire
 
 
@@ -55,7 +57,7 @@ def main() -> None:
         common.exit_now(out, 4)
     send({"kind": "info", **common.environment(device)})
     try:
-        run(header, ref_path, device, send)
+        run(header, ref_path, device, send, args.turns)
     except StageError as err:
         line, code = common.where_in(err.exc, ref_path)
         send(
@@ -171,10 +173,15 @@ def scaled_globals(module: Any) -> dict[str, int]:
     return changed
 
 
-def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
+def run(header: dict[str, Any], ref_path: str, device: str, send: Any, gpu: turns.Turns) -> None:
     import torch
 
-    # Seconds spent per step (summed over the input sets), sent with the timing: where a run's time goes.
+    # The GPU is shared with the node's other runs while this one works, and its alone while it times
+    # (turns.py); a large problem's run keeps it alone throughout (its memory is most of the device's).
+    work = turns.ALONE if header.get("gpu_alone") else turns.SHARED
+
+    # Seconds spent per step (summed over the input sets), sent with the timing: where a run's time goes
+    # ("turn": waiting for the GPU's turn).
     phases: dict[str, float] = {}
     clock_at = [common.now()]
 
@@ -182,6 +189,9 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
         now = common.now()
         phases[name] = round(phases.get(name, 0.0) + now - clock_at[0], 4)
         clock_at[0] = now
+
+    gpu.take(work)
+    lap("turn")
 
     try:
         module = load_module(ref_path)
@@ -317,16 +327,27 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
     clock = common.Clock(device)
     timing: dict[str, Any] = {"kind": "timing"}
     lap("cost")
+    gpu.take(turns.ALONE)
+    lap("turn")
     timing["eager"] = time_model(model, pool, header, clock)
     lap("eager")
     if header.get("compile"):
+        gpu.take(work)
         try:
             compiled = torch.compile(model)
             t0 = common.now()
-            with torch.no_grad():
-                compiled(*pool[0])
-            clock.sync()
+            # The compile is mostly host work, done sharing the GPU; its autotuner's timings of kernel
+            # variants take the GPU alone (or, where that hook is missing, the whole compile does).
+            with contextlib.ExitStack() as stack:
+                if not alone_autotuning(gpu):
+                    stack.enter_context(gpu.holding(turns.ALONE))
+                with torch.no_grad():
+                    compiled(*pool[0])
+                clock.sync()
             timing["compile_seconds"] = common.now() - t0
+            lap("compile")
+            gpu.take(turns.ALONE)
+            lap("turn")
             timing["compile"] = time_model(compiled, pool, header, clock)
         except Exception as exc:
             timing["compile_error"] = common.error_line(exc, 300)
@@ -334,7 +355,31 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any) -> None:
     timing["phases"] = phases
     send(timing)
     if header.get("measure_ceilings"):
+        gpu.take(turns.ALONE)
         send({"kind": "ceilings", **measure_ceilings(device, header["measure_ceilings"], clock)})
+    gpu.release()
+
+
+def alone_autotuning(gpu: turns.Turns) -> bool:
+    """Makes inductor's run-time autotuner time its kernel variants with the GPU alone; False where this
+    torch has no such hook."""
+    try:
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    except Exception:
+        return False
+    original = getattr(CachingAutotuner, "benchmark_all_configs", None)
+    if original is None:
+        return False
+    if getattr(original, "_takes_turn", False):
+        return True
+
+    def benchmark_all_configs(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with gpu.holding(turns.ALONE):
+            return original(self, *args, **kwargs)
+
+    benchmark_all_configs._takes_turn = True  # type: ignore[attr-defined]
+    CachingAutotuner.benchmark_all_configs = benchmark_all_configs  # type: ignore[method-assign]
+    return True
 
 
 def reference_offshape(
