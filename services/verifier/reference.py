@@ -24,7 +24,7 @@ from stitchcuda.shared.artifacts import sha256_hex
 from stitchcuda.shared.errors import HarnessError, ProblemError, Unavailable
 from stitchcuda.verifier.ceilings import Ceilings, CeilingStore
 from stitchcuda.verifier.harness import wire
-from stitchcuda.verifier.limits import GIB, Lean, ProblemSize, memory_budget
+from stitchcuda.verifier.limits import GIB, ProblemSize, memory_budget
 from stitchcuda.verifier.probes import Plan
 from stitchcuda.verifier.sandbox import Mount, RunSpec, Sandbox
 from stitchcuda.verifier.settings import VerifierSettings
@@ -65,8 +65,8 @@ class ReferenceResult:
     source: str = ""
     created: float = field(default_factory=time.monotonic)
     uses: int = 0
-    # A large problem (inputs made again, outputs summarised): its runs hold the GPU alone throughout,
-    # since its memory is most of the device's (harness/turns.py).
+    # A problem whose input set and outputs reach settings.gpu_alone_set_gb: its runs hold the GPU alone
+    # throughout, since several of them would not fit beside another's (harness/turns.py).
     alone: bool = False
     # Facts derived from the reference alone (tolerances, null-model checks), computed once.
     memo: dict[tuple[object, ...], Any] = field(default_factory=dict)
@@ -132,7 +132,7 @@ class ReferenceRunner:
                 else [],
                 "threads": self.settings.runner_threads or None,
                 "lean": self.lean(device),
-                "gpu_alone": size is not None and size.large(Lean.of(self.settings)),
+                "gpu_alone": size is not None and size.per_set >= self.settings.gpu_alone_set_gb * GIB,
             }
             extra_env = {k: v for k, v in os.environ.items() if k == "STITCHCUDA_SIZE"}
             spec = RunSpec(

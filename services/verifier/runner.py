@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
 import os
 import secrets
@@ -60,6 +61,10 @@ class CandidateRunner:
         self.sandbox = sandbox
         self._standby: dict[str, tuple[Launch, Path]] = {}
         self._lock = threading.Lock()
+        # Standbys are started from this one long-lived thread: a runner dies with the thread that
+        # started it (the parent-death signal is per thread), and prewarm may be called from a thread
+        # that ends soon after (the reference computed ahead, in embedded mode).
+        self._starter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="standby-start")
         # A standby dies with this process; its folder must not outlive it either.
         atexit.register(_close_at_exit, weakref.ref(self))
         self._sweep()
@@ -96,7 +101,7 @@ class CandidateRunner:
         with self._lock:
             if device in self._standby:
                 return
-            self._standby[device] = self._launch(device, None)
+            self._standby[device] = self._starter.submit(self._launch, device, None).result()
 
     def settle(self, timeout: float = 120.0) -> None:
         """Waits for standbys to finish preparing, so they cannot disturb a measurement."""

@@ -51,6 +51,11 @@ class VerifierSettings(CommonSettings):
     reference_timeout_s: float = 600.0
     run_timeout_s: float = 180.0
 
+    # A GPU shared by several runs (harness/turns.py): a problem whose one input set with its float32 and
+    # float64 outputs is this many GiB or more runs alone on the device throughout, not only while it times
+    # (the sets a run holds would not fit beside another problem's).
+    gpu_alone_set_gb: float = Field(default=1.0, gt=0.0)
+
     # Sandbox (D9/D10).
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
     # 0 derives each runner's limit from the host's free memory and the problem (verifier.limits);

@@ -62,11 +62,19 @@ def start(description: str) -> tuple[argparse.Namespace, BinaryIO, BinaryIO]:
 
 
 def _move_fd(fd: int, low: int, span: int) -> int:
-    """Moves `fd` to a random non-inheritable fd in [low, low + span); returns the new number."""
-    target = low + int.from_bytes(os.urandom(2), "big") % span
-    os.dup2(fd, target, inheritable=False)
-    os.close(fd)
-    return target
+    """Moves `fd` to a random free, non-inheritable fd in [low, low + span); returns the new number.
+
+    The target must be free: the numbers the parent passed are its own, any of them may lie in the range,
+    and dup2 onto an open descriptor would silently close it (the job channel, a turn file)."""
+    for _ in range(4 * span):
+        target = low + int.from_bytes(os.urandom(2), "big") % span
+        try:
+            os.fstat(target)
+        except OSError:
+            os.dup2(fd, target, inheritable=False)
+            os.close(fd)
+            return target
+    raise RuntimeError(f"no free file descriptor in [{low}, {low + span})")
 
 
 def rearm_parent_death_signal() -> None:

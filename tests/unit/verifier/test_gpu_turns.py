@@ -4,6 +4,7 @@ Each `Turns.at` opens its own file descriptions, so two in one process contend a
 death test uses a real process, as the runners are.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -190,3 +191,26 @@ def test_a_cuda_run_gets_fresh_turn_files_and_a_cpu_run_none(tmp_path, monkeypat
         VerifierSettings(home=tmp_path / "home", gpu_slot_dir=slots, sandbox="none", gpu_turns=False)
     )
     assert off._turn_files(spec("cuda")) is None
+
+
+def test_a_runner_moves_its_descriptors_only_onto_free_numbers(tmp_path):
+    """The numbers the verifier passes are its own and may lie in the range a runner moves them to: a move
+    onto one of them would close it (a turn file landing on the job channel)."""
+    sys.path.insert(0, HARNESS)
+    import common
+
+    low, span, free = 700, 8, 705
+    sentinel = os.open(tmp_path, os.O_RDONLY)
+    taken = [n for n in range(low, low + span) if n != free]
+    for n in taken:
+        os.dup2(sentinel, n)
+    moving = os.open(os.devnull, os.O_RDONLY)
+    try:
+        assert common._move_fd(moving, low, span) == free
+        assert all(os.path.samestat(os.fstat(n), os.fstat(sentinel)) for n in taken)
+        with pytest.raises(RuntimeError, match="no free file descriptor"):
+            common._move_fd(os.open(os.devnull, os.O_RDONLY), low, span)
+    finally:
+        for n in [*taken, free, sentinel]:
+            with contextlib.suppress(OSError):
+                os.close(n)

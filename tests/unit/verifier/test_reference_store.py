@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -169,10 +170,20 @@ def test_a_reference_prepared_ahead_serves_the_verification_without_spending_a_u
     svc = VerifierService(fast_settings(tmp_path / "home", reference_reuse=1), artifacts=build_store)
     runs = counted(svc)
     source = REF01.read_text()
-    assert svc.prepare_reference(source, device="cpu") is True
+    # Prepared on a thread that ends (embedded mode's): the standby it starts must outlive it (a
+    # runner gets its parent-death signal when the thread that started it ends).
+    ahead: list[bool] = []
+    worker = threading.Thread(target=lambda: ahead.append(svc.prepare_reference(source, device="cpu")))
+    worker.start()
+    worker.join()
+    assert ahead == [True]
     assert svc.prepare_reference(source, device="cpu") is False, "already there: nothing runs twice"
     assert runs == [1]
     assert "cpu" in svc.candidates._standby, "the first candidate's runner starts while the build runs"
+    standby = svc.candidates._standby["cpu"][0]
+    assert standby.ready(60)
+    time.sleep(0.5)
+    assert standby.alive(), "the standby died with the thread that prepared the reference"
     verdict = svc.verify_dir(REF01, FIXTURES / "honest_cpu", device="cpu")
     assert verdict.accepted, verdict.reason
     assert runs == [1], "the verification reused the prepared results"
