@@ -357,7 +357,10 @@ class Sandbox:
                 "PYTHONDONTWRITEBYTECODE": "1",
                 # The reference compiles the torch.compile baseline: inductor's parallel compile cuts
                 # that from minutes to seconds; candidates never compile and keep one thread.
-                "TORCHINDUCTOR_COMPILE_THREADS": str(min(8, os.cpu_count() or 1))
+                # The GPU's slots may all compile at once: they share the cores.
+                "TORCHINDUCTOR_COMPILE_THREADS": str(
+                    min(8, max(1, (os.cpu_count() or 1) // self.settings.gpu_slots_per_gpu))
+                )
                 if spec.label == "reference"
                 else "1",
                 "TORCHINDUCTOR_CACHE_DIR": f"{work}/tmp/inductor",

@@ -332,15 +332,10 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any, gpu: turn
     timing["eager"] = time_model(model, pool, header, clock)
     lap("eager")
     if header.get("compile"):
-        gpu.take(work)
         try:
             compiled = torch.compile(model)
             t0 = common.now()
-            # The compile is mostly host work, done sharing the GPU; its autotuner's timings of kernel
-            # variants take the GPU alone (or, where that hook is missing, the whole compile does).
-            with contextlib.ExitStack() as stack:
-                if not alone_autotuning(gpu):
-                    stack.enter_context(gpu.holding(turns.ALONE))
+            with compiling(gpu, keep=work == turns.ALONE):
                 with torch.no_grad():
                     compiled(*pool[0])
                 clock.sync()
@@ -360,26 +355,56 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any, gpu: turn
     gpu.release()
 
 
-def alone_autotuning(gpu: turns.Turns) -> bool:
-    """Makes inductor's run-time autotuner time its kernel variants with the GPU alone; False where this
-    torch has no such hook."""
+@contextlib.contextmanager
+def compiling(gpu: turns.Turns, *, keep: bool = False) -> Any:
+    """The torch.compile baseline's first call: mostly host work (tracing, code generation, kernel
+    builds), done holding no turn so other runs' timings go on meanwhile. Its GPU work takes one: the
+    compiled graph's runs share the device, the autotuner's timings of kernel variants have it alone.
+    Where this torch lacks either hook, or the run keeps the device alone (`keep`), the whole first call
+    has the device alone."""
+    hooks = []
     try:
+        if keep:
+            raise LookupError("the run keeps the device alone")
+        from torch._inductor.output_code import CompiledFxGraph
         from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-    except Exception:
-        return False
-    original = getattr(CachingAutotuner, "benchmark_all_configs", None)
-    if original is None:
-        return False
-    if getattr(original, "_takes_turn", False):
-        return True
 
-    def benchmark_all_configs(self: Any, *args: Any, **kwargs: Any) -> Any:
+        hooks = [
+            (CompiledFxGraph, "__call__", turns.SHARED),
+            (CachingAutotuner, "benchmark_all_configs", turns.ALONE),
+        ]
+        originals = [getattr(cls, name) for cls, name, _ in hooks]
+    except Exception:
+        hooks = []
+    if not hooks:
         with gpu.holding(turns.ALONE):
+            yield
+        return
+    before = gpu.held
+    for (cls, name, mode), original in zip(hooks, originals, strict=True):
+        setattr(cls, name, _in_turn(gpu, original, mode))
+    gpu.release()
+    try:
+        yield
+    finally:
+        # The timed calls run the compiled graph as torch made it, without a wrapper.
+        for (cls, name, _), original in zip(hooks, originals, strict=True):
+            setattr(cls, name, original)
+        if before:
+            gpu.take(before)
+
+
+def _in_turn(gpu: turns.Turns, original: Any, mode: str) -> Any:
+    """`original` holding the turn in `mode`, unless it runs inside a turn already held (a graph's run
+    holds the device shared; the autotuning inside it takes it alone, then gives it back)."""
+
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if gpu.held and not (mode == turns.ALONE and gpu.held != turns.ALONE):
+            return original(self, *args, **kwargs)
+        with gpu.holding(mode):
             return original(self, *args, **kwargs)
 
-    benchmark_all_configs._takes_turn = True  # type: ignore[attr-defined]
-    CachingAutotuner.benchmark_all_configs = benchmark_all_configs  # type: ignore[method-assign]
-    return True
+    return wrapped
 
 
 def reference_offshape(

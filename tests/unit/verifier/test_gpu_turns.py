@@ -214,3 +214,48 @@ def test_a_runner_moves_its_descriptors_only_onto_free_numbers(tmp_path):
         for n in [*taken, free, sentinel]:
             with contextlib.suppress(OSError):
                 os.close(n)
+
+
+class _Recorded(Turns):
+    """Turns on real files that also record every mode taken."""
+
+    def __init__(self, fds):
+        super().__init__(fds)
+        self.taken: list[str] = []
+
+    def take(self, mode: str) -> None:
+        self.taken.append(mode)
+        super().take(mode)
+
+
+def test_the_compile_baseline_holds_no_turn_but_its_graph_runs_share_the_device(tmp_path):
+    """torch.compile's first call is host work: other runs time meanwhile. The compiled graph's runs take
+    the device shared, and the wrappers are gone before the compiled model is timed."""
+    import torch
+
+    sys.path.insert(0, HARNESS)
+    import reference_runner
+    from torch._inductor.output_code import CompiledFxGraph
+
+    original = CompiledFxGraph.__call__
+    gpu = _Recorded(turns.open_files(tmp_path, "0"))
+    gpu.take(ALONE)  # as after the eager timing
+    gpu.taken.clear()
+    model = torch.compile(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()))
+    other = Turns.at(tmp_path, "0")
+    with reference_runner.compiling(gpu):
+        assert gpu.held == ""
+        assert _taken(other, ALONE, 2), "a timing elsewhere goes on while this compiles"
+        other.release()
+        with torch.no_grad():
+            model(torch.randn(4, 8))
+        assert gpu.held == ""
+    assert gpu.taken[0] == SHARED, gpu.taken  # the graph's run
+    assert CompiledFxGraph.__call__ is original
+    assert gpu.held == ALONE
+    gpu.taken.clear()
+    with reference_runner.compiling(gpu, keep=True):  # a run that keeps the device alone throughout
+        assert gpu.held == ALONE
+        assert not _taken(Turns.at(tmp_path, "0"), SHARED, 0.2)
+    gpu.close()
+    other.close()
