@@ -3,9 +3,10 @@
 Each problem runs as one job of the embedded platform in its own worker process (`python -m
 stitchcuda.bench`), which writes `problems/<level>/<name>.json` atomically when the job ends; the parent only
 schedules workers, shows progress and aggregates. Speedups are the Verifier's verdicts, never a second timer.
-With `--jobs N` several workers build and verify at once: on CUDA they share the GPU while they work (inputs,
-ground truth, correctness, the torch.compile baseline's compilation) and each timing waits until it has the
-device alone (`verifier/harness/turns.py`), so no timing shares the device with another problem's kernels.
+With `--jobs N` several workers plan, write and build at once. On CUDA their verifications take turns on the
+node's GPU slot (`shared.gpu_slots`, one per GPU by default); with STITCH_GPU_SLOTS_PER_GPU=N they verify at
+once, sharing the GPU while they work and each timing with the device alone (`verifier/harness/turns.py`).
+Either way no timing shares the device with another problem's kernels, the Planner's runs included.
 """
 
 from __future__ import annotations
@@ -331,15 +332,9 @@ class Bench:
         cmd = [sys.executable, "-m", "stitchcuda.bench", "--problem", str(task.path), "--level", task.level,
                "--result", str(task.result_path(self.out)), "--device", s.device, "--rounds", str(s.rounds),
                "--policy", s.policy, "--backend", s.backend, "--parent", str(os.getpid())]  # fmt: skip
-        env = dict(os.environ)
-        # The problems running at once may all use the GPU: their work shares it and each timing waits
-        # for the device alone (verifier/harness/turns.py), unless the user bounds the slots.
-        env.setdefault("STITCH_GPU_SLOTS_PER_GPU", str(self.jobs))
         with log.open("wb") as handle:
             # Its own session: a terminal's Ctrl-C reaches only the bench, which then stops each worker.
-            return subprocess.Popen(
-                cmd, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, env=env
-            )
+            return subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
 
     def _collect(self, task: Task, proc: subprocess.Popen[bytes]) -> None:
         stored = load_result(task, self.out, self.settings, _sha(task))
