@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -299,6 +300,17 @@ def load_result(task: Task, out: Path, settings: BenchSettings, sha: str) -> dic
     return row if same and row.get("schema") == RESULT_SCHEMA else None
 
 
+def worker_env(jobs: int, environ: Mapping[str, str], cpus: int) -> dict[str, str]:
+    """A problem worker's environment: with several at once, each gets its share of the cores for torch's
+    thread pools (unless the user set OMP_NUM_THREADS). The pools spin while they wait, so pools of every
+    core in every worker fight: the comparison of level-2 problem 12's outputs, 0.4 s on an idle 2-core
+    host, took 10.7 s and 55 s with four workers on a 16-core H100 host (benchmarks/results/gpu_stop29)."""
+    env = dict(environ)
+    if jobs > 1:
+        env.setdefault("OMP_NUM_THREADS", str(max(1, cpus // jobs)))
+    return env
+
+
 class Bench:
     def __init__(self, tasks: list[Task], settings: BenchSettings, out: Path, *, jobs: int = 1) -> None:
         self.tasks, self.settings, self.out, self.jobs = tasks, settings, out, max(1, jobs)
@@ -334,7 +346,13 @@ class Bench:
                "--policy", s.policy, "--backend", s.backend, "--parent", str(os.getpid())]  # fmt: skip
         with log.open("wb") as handle:
             # Its own session: a terminal's Ctrl-C reaches only the bench, which then stops each worker.
-            return subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+            return subprocess.Popen(
+                cmd,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=worker_env(self.jobs, os.environ, os.cpu_count() or 1),
+            )
 
     def _collect(self, task: Task, proc: subprocess.Popen[bytes]) -> None:
         stored = load_result(task, self.out, self.settings, _sha(task))

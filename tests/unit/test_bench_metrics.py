@@ -78,3 +78,12 @@ def test_levels_come_from_folder_names(tmp_path):
         discover(tmp_path / "missing", "*.py")
     with pytest.raises(InvalidRequest):
         discover(tmp_path, "*.txt")
+
+
+def test_workers_at_once_share_the_cores_unless_the_user_says_otherwise():
+    from stitchcuda.bench import worker_env
+
+    assert worker_env(4, {"PATH": "/bin"}, 16) == {"PATH": "/bin", "OMP_NUM_THREADS": "4"}
+    assert worker_env(3, {}, 2)["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in worker_env(1, {}, 16)
+    assert worker_env(4, {"OMP_NUM_THREADS": "8"}, 16)["OMP_NUM_THREADS"] == "8"
