@@ -259,3 +259,20 @@ def test_the_compile_baseline_holds_no_turn_but_its_graph_runs_share_the_device(
         assert not _taken(Turns.at(tmp_path, "0"), SHARED, 0.2)
     gpu.close()
     other.close()
+
+
+def test_a_run_whose_turn_files_cannot_be_made_goes_on_without_them(tmp_path, monkeypatch, caplog):
+    from stitchcuda.verifier.sandbox import Mount, RunSpec, Sandbox
+    from stitchcuda.verifier.settings import VerifierSettings
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    sandbox = Sandbox(
+        VerifierSettings(home=tmp_path / "home", gpu_slot_dir=blocked / "slots", sandbox="none")
+    )
+    spec = RunSpec(
+        "candidate_runner.py", {}, b"", {"work": Mount(tmp_path)}, "cuda", 1.0, 1 << 30, "candidate"
+    )
+    assert sandbox._turn_files(spec) is None
+    assert "times without waiting for other work on GPU 0" in caplog.text
