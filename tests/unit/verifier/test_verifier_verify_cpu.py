@@ -125,3 +125,49 @@ def test_the_runner_running_out_of_memory_for_its_own_sets_is_a_harness_error(
     with pytest.raises(HarnessError, match="ran out of cpu memory") as raised:
         service.verify(REF01.read_text(), read_dir(FIXTURES / "honest_cpu"), device="cpu")
     assert raised.value.error_code == "harness_out_of_memory"
+
+
+def _disagreeing(times: list[int], rule: str = "D7.clock-disagree"):
+    """evaluate.timing whose first `times[0]` results carry a clock disagreement (as a GPU call's wall clock
+    does under a busy host, or always, under a hack that works outside the caller's stream)."""
+    from stitchcuda.verifier import evaluate
+
+    real = evaluate.timing
+
+    def timing(run, ref, pol, findings):
+        result = real(run, ref, pol, findings)
+        if times[0] > 0:
+            times[0] -= 1
+            findings.add(rule, "REJECT", "device clock 5.4 ms but wall clock 11.8 ms: work outside")
+        return result
+
+    return timing
+
+
+def test_a_run_whose_clocks_disagree_once_is_timed_again(service: VerifierService, monkeypatch):
+    from stitchcuda.verifier import evaluate
+
+    runs: list[int] = []
+    original = service.candidates.run
+    monkeypatch.setattr(service.candidates, "run", lambda *a, **k: runs.append(1) or original(*a, **k))
+    monkeypatch.setattr(evaluate, "timing", _disagreeing([1]))
+    verdict = service.verify(REF01.read_text(), read_dir(FIXTURES / "honest_cpu"), device="cpu")
+    assert verdict.accepted, verdict.feedback
+    assert len(runs) == 2
+    retimed = [f for f in verdict.findings if f.rule == "D7.retimed"]
+    assert retimed and "device clock 5.4 ms but wall clock 11.8 ms" in retimed[0].detail
+    assert "D7.clock-disagree" not in rejects(verdict)
+
+    # Clocks that disagree every time (a hack does) are rejected after the second run.
+    runs.clear()
+    monkeypatch.setattr(evaluate, "timing", _disagreeing([2]))
+    verdict = service.verify(REF01.read_text(), read_dir(FIXTURES / "honest_cpu"), device="cpu")
+    assert not verdict.accepted and "D7.clock-disagree" in rejects(verdict)
+    assert len(runs) == 2
+
+    # Any other rejection is not timed again.
+    for rule in ("D6.skipped-work", "D5.input-mutated"):
+        runs.clear()
+        monkeypatch.setattr(evaluate, "timing", _disagreeing([1], rule))
+        verdict = service.verify(REF01.read_text(), read_dir(FIXTURES / "honest_cpu"), device="cpu")
+        assert not verdict.accepted and rule in rejects(verdict) and len(runs) == 1
