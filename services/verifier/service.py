@@ -217,9 +217,49 @@ class VerifierService:
         self._environment(verdict, ref)
 
         pol.timeout_s = limits.run_timeout(pol.timeout_s, ref.seconds, transfer_bytes(ref))
+
+        def run_and_evaluate() -> None:
+            """One sandboxed run of the candidate and its evaluation into `verdict` and `findings`."""
+            report("candidate", 0.5)
+            t0 = time.monotonic()
+            run = self.candidates.run(candidate, ext_dir, ref, timeout_s=pol.timeout_s)
+            done = run.outcome.first("done")
+            log.info(
+                "candidate %s ran in %.1f s (process %.1f s; phases %s; %.0f MiB of outputs in shared "
+                "memory)",
+                candidate.candidate_id,
+                time.monotonic() - t0,
+                run.outcome.seconds,
+                done[0].get("phases") if done else "-",
+                run.outcome.shared_bytes / (1 << 20),
+            )
+            if run.fault.get("stage") == "device":
+                raise Unavailable(f"the candidate process cannot use {device}: {run.fault.get('error')}")
+            if run.fault.get("stage") == "harness-memory":
+                raise HarnessError(
+                    f"the Verifier's runner ran out of {device} memory for this problem's input sets "
+                    f"({run.fault.get('error')}): the machine is too small for its schedule",
+                    error_code="harness_out_of_memory",
+                )
+            stage_durations(done[0].get("phases") if done else None, run.outcome.seconds, verdict)
+            verdict.stage_seconds["run"] = time.monotonic() - t0
+
+            report("compare", 0.9)
+            t_eval = time.monotonic()
+            try:
+                self._evaluate(run, ref, candidate, ext_dir, pol, plan, verdict, findings)
+            except Exception as exc:  # malformed data from a hostile run must not crash the worker
+                log.exception("evaluation of candidate %s failed", candidate.candidate_id)
+                findings.add(
+                    "verifier.internal-error",
+                    "REJECT",
+                    f"could not evaluate the run: {type(exc).__name__}: {exc}",
+                )
+            verdict.stage_seconds["evaluate"] = time.monotonic() - t_eval
+
         kept = list(findings.items)  # the static scan's and the build's
         for attempt in (1, 2):
-            self._run_and_evaluate(candidate, ext_dir, ref, pol, plan, verdict, findings, report)
+            run_and_evaluate()
             disagreed = retime_reason(findings)
             if attempt == 2 or not disagreed:
                 break
@@ -238,55 +278,6 @@ class VerifierService:
         # The next candidate's runner starts now, after the evaluation (whose parallel loops it slowed
         # 5x when it started beside them), while the Coder writes the next round.
         self.candidates.prewarm(device)
-
-    def _run_and_evaluate(
-        self,
-        candidate: code_pb2.Candidate,
-        ext_dir: Path,
-        ref: ReferenceResult,
-        pol: Policy,
-        plan: plan_pb2.Plan | None,
-        verdict: verify_pb2.Verdict,
-        findings: FindingList,
-        report: Progress,
-    ) -> None:
-        """One sandboxed run of the candidate and its evaluation into `verdict` and `findings`."""
-        device = ref.device
-        report("candidate", 0.5)
-        t0 = time.monotonic()
-        run = self.candidates.run(candidate, ext_dir, ref, timeout_s=pol.timeout_s)
-        done = run.outcome.first("done")
-        log.info(
-            "candidate %s ran in %.1f s (process %.1f s; phases %s; %.0f MiB of outputs in shared memory)",
-            candidate.candidate_id,
-            time.monotonic() - t0,
-            run.outcome.seconds,
-            done[0].get("phases") if done else "-",
-            run.outcome.shared_bytes / (1 << 20),
-        )
-        if run.fault.get("stage") == "device":
-            raise Unavailable(f"the candidate process cannot use {device}: {run.fault.get('error')}")
-        if run.fault.get("stage") == "harness-memory":
-            raise HarnessError(
-                f"the Verifier's runner ran out of {device} memory for this problem's input sets "
-                f"({run.fault.get('error')}): the machine is too small for its schedule",
-                error_code="harness_out_of_memory",
-            )
-        stage_durations(done[0].get("phases") if done else None, run.outcome.seconds, verdict)
-        verdict.stage_seconds["run"] = time.monotonic() - t0
-
-        report("compare", 0.9)
-        t_eval = time.monotonic()
-        try:
-            self._evaluate(run, ref, candidate, ext_dir, pol, plan, verdict, findings)
-        except Exception as exc:  # malformed data from a hostile run must not crash the worker
-            log.exception("evaluation of candidate %s failed", candidate.candidate_id)
-            findings.add(
-                "verifier.internal-error",
-                "REJECT",
-                f"could not evaluate the run: {type(exc).__name__}: {exc}",
-            )
-        verdict.stage_seconds["evaluate"] = time.monotonic() - t_eval
 
     def _evaluate(
         self,
