@@ -27,6 +27,14 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
+def device_gpu(device: str) -> str | None:
+    """The GPU a run on `device` uses: the first visible one for "cuda"; None on the CPU or without GPUs."""
+    if device != "cuda":
+        return None
+    gpus = visible_gpus()
+    return gpus[0] if gpus else None
+
+
 def pin_environment(gpu: str) -> dict[str, str]:
     """Environment for a worker pinned to one GPU: it sees exactly that device as cuda:0."""
     return {"CUDA_VISIBLE_DEVICES": gpu, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from stitchcuda.planner.analysis import Analysis, CompileResult, EagerResult, RunResult
 from stitchcuda.planner.settings import PlannerSettings
-from stitchcuda.shared.gpu_slots import gpu_turn, visible_gpus
+from stitchcuda.shared.gpu_slots import device_gpu, gpu_turn
 from stitchcuda.shared.isolation import Isolation, kill_group
 
 HARNESS = Path(__file__).with_name("harness.py")
@@ -137,10 +137,10 @@ class ReferenceRunner:
     def _turn(self, device: str, prefix: list[str]) -> contextlib.AbstractContextManager[None]:
         """A GPU run shares the device with the node's other work and keeps off its timings; a run under
         a profiler (nsys times kernels) has the device alone."""
-        gpus = visible_gpus() if device == "cuda" and self.settings.gpu_turns else []
-        if not gpus:
+        gpu = device_gpu(device) if self.settings.gpu_turns else None
+        if gpu is None:
             return contextlib.nullcontext()
-        return gpu_turn(self.settings.gpu_slot_dir, gpus[0], "alone" if prefix else "shared")
+        return gpu_turn(self.settings.gpu_slot_dir, gpu, "alone" if prefix else "shared")
 
     def run_budget(self, work: Path) -> float:
         """Seconds the real run (forward, timing, profile) may take, from the analysis's FLOPs: a forward

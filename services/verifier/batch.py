@@ -23,7 +23,7 @@ from stitchcuda.api.v1 import code_pb2, verify_pb2
 from stitchcuda.shared import candidate as candidate_format
 from stitchcuda.shared.artifacts import sha256_hex
 from stitchcuda.shared.errors import InvalidRequest, ProblemError
-from stitchcuda.shared.gpu_slots import gpu_slot, visible_gpus
+from stitchcuda.shared.gpu_slots import device_gpu, gpu_slot
 from stitchcuda.verifier.settings import VerifierSettings
 
 CASES = "cases.tsv"
@@ -226,10 +226,10 @@ def _append(path: Path, record: dict[str, Any]) -> None:
 def _slot(settings: VerifierSettings, device: str) -> Any:
     import contextlib
 
-    gpus = visible_gpus() if device == "cuda" else []
-    if not gpus:
+    gpu = device_gpu(device)
+    if gpu is None:
         return contextlib.nullcontext()
-    return gpu_slot(settings.gpu_slot_dir, gpus[0], settings.gpu_slots_per_gpu)
+    return gpu_slot(settings.gpu_slot_dir, gpu, settings.gpu_slots_per_gpu)
 
 
 __all__ = ["Case", "discover", "load", "run", "summarize"]

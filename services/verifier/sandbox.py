@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stitchcuda.shared.gpu_slots import visible_gpus
+from stitchcuda.shared.gpu_slots import device_gpu
 from stitchcuda.shared.isolation import system_binds
 from stitchcuda.verifier.harness import turns, wire
 from stitchcuda.verifier.settings import VerifierSettings
@@ -285,19 +285,17 @@ class Sandbox:
 
     def _turn_files(self, spec: RunSpec) -> tuple[int, int] | None:
         """The node's turn files of this run's GPU, opened for it alone (None: no turns to take)."""
-        if spec.device != "cuda" or not self.settings.gpu_turns:
-            return None
-        gpus = visible_gpus()
-        if not gpus:
+        gpu = device_gpu(spec.device) if self.settings.gpu_turns else None
+        if gpu is None:
             return None
         try:
-            return turns.open_files(self.settings.gpu_slot_dir, gpus[0])
+            return turns.open_files(self.settings.gpu_slot_dir, gpu)
         except OSError as exc:  # the run is as correct without; only another process's kernels could overlap
             log.warning(
                 "no turn files in %s (%s): this run times without waiting for other work on GPU %s",
                 self.settings.gpu_slot_dir,
                 exc,
-                gpus[0],
+                gpu,
             )
             return None
 

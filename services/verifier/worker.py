@@ -13,7 +13,7 @@ from stitchcuda.api.v1 import code_pb2, jobs_pb2, messages_pb2, plan_pb2, verify
 from stitchcuda.shared.artifacts import ArtifactStore, Keys, sha256_hex
 from stitchcuda.shared.candidate import content_hash
 from stitchcuda.shared.errors import HarnessError, ProblemError
-from stitchcuda.shared.gpu_slots import gpu_slot, visible_gpus
+from stitchcuda.shared.gpu_slots import device_gpu, gpu_slot
 from stitchcuda.shared.settings import CommonSettings
 from stitchcuda.shared.transport import VERIFIER_GPU, Transport
 from stitchcuda.shared.worker import BaseWorker, device_name
@@ -50,11 +50,11 @@ class VerifierWorker(BaseWorker):
     @contextlib.contextmanager
     def _device_slot(self, device: str) -> Iterator[None]:
         """On CUDA, holds one of the node's context slots for this worker's GPU while a candidate runs."""
-        gpus = visible_gpus() if device == "cuda" else []
-        if not gpus:
+        gpu = device_gpu(device)
+        if gpu is None:
             yield
             return
-        with gpu_slot(self.settings.gpu_slot_dir, gpus[0], self.settings.gpu_slots_per_gpu):
+        with gpu_slot(self.settings.gpu_slot_dir, gpu, self.settings.gpu_slots_per_gpu):
             yield
 
     def work(self, env: messages_pb2.Envelope, job: jobs_pb2.Job) -> None:

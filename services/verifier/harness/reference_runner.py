@@ -368,44 +368,46 @@ def compiling(gpu: turns.Turns, *, keep: bool = False) -> Any:
     compiled graph's runs share the device, the autotuner's timings of kernel variants have it alone.
     Where this torch lacks either hook, or the run keeps the device alone (`keep`), the whole first call
     has the device alone."""
-    hooks = []
-    try:
-        if keep:
-            raise LookupError("the run keeps the device alone")
-        from torch._inductor.output_code import CompiledFxGraph
-        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-
-        hooks = [
-            (CompiledFxGraph, "__call__", turns.SHARED),
-            (CachingAutotuner, "benchmark_all_configs", turns.ALONE),
-        ]
-        originals = [getattr(cls, name) for cls, name, _ in hooks]
-    except Exception:
-        hooks = []
+    hooks = [] if keep else _compile_hooks()
     if not hooks:
         with gpu.holding(turns.ALONE):
             yield
         return
     before = gpu.held
-    for (cls, name, mode), original in zip(hooks, originals, strict=True):
+    for cls, name, mode, original in hooks:
         setattr(cls, name, _in_turn(gpu, original, mode))
     gpu.release()
     try:
         yield
     finally:
         # The timed calls run the compiled graph as torch made it, without a wrapper.
-        for (cls, name, _), original in zip(hooks, originals, strict=True):
+        for cls, name, _, original in hooks:
             setattr(cls, name, original)
         if before:
             gpu.take(before)
 
 
+def _compile_hooks() -> list[tuple[Any, str, str, Any]]:
+    """(class, method name, turn, method) of inductor's graph runs and its autotuner's timings; [] where
+    this torch lacks either."""
+    try:
+        from torch._inductor.output_code import CompiledFxGraph
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+        return [
+            (CompiledFxGraph, "__call__", turns.SHARED, CompiledFxGraph.__call__),
+            (CachingAutotuner, "benchmark_all_configs", turns.ALONE, CachingAutotuner.benchmark_all_configs),
+        ]
+    except Exception:
+        return []
+
+
 def _in_turn(gpu: turns.Turns, original: Any, mode: str) -> Any:
-    """`original` holding the turn in `mode`, unless it runs inside a turn already held (a graph's run
-    holds the device shared; the autotuning inside it takes it alone, then gives it back)."""
+    """`original` holding the turn in `mode`, unless the turn held already covers it (a graph's run holds
+    the device shared; the autotuning inside it takes it alone, then gives it back)."""
 
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if gpu.held and not (mode == turns.ALONE and gpu.held != turns.ALONE):
+        if gpu.held in (mode, turns.ALONE):
             return original(self, *args, **kwargs)
         with gpu.holding(mode):
             return original(self, *args, **kwargs)
