@@ -5,7 +5,7 @@ every launch of its Triton kernels, in a profiler range with a secret token, so 
 when its launch happened inside such a range and not inside an ATen op; otherwise it is *library*
 (cuBLAS/cuDNN/CUTLASS names, BLAS and convolution ops on a CPU) or *torch*; device memcpy/memset are *copy*,
 outside the compute shares. On a CPU the "kernels" are the extension's own time (its ranges minus the ATen
-ops inside them) and the ATen ops.
+ops inside them) and the ATen ops; the ops that only allocate count as copies do.
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ CPU_LIBRARY = re.compile(
     r"^aten::(mm|addmm|bmm|baddbmm|addbmm|matmul|linear|mv|addmv|dot|vdot|einsum|tensordot|conv|_conv|"
     r"convolution|_convolution|mkldnn|_mkldnn|cudnn|miopen|_scaled_dot|scaled_dot|lstm|gru|rnn|_fused|fbgemm)"
 )
+# ATen ops that only allocate (a CPU extension's `torch::empty` for its output shows up inside its span):
+# they compute nothing, so, like device copies, they stay outside the compute shares; a CPU call of a tiny
+# problem on a busy host spent longer in `aten::empty` than in its own kernel (CI, stop 29).
+CPU_ALLOCATION = re.compile(r"^aten::(empty|empty_like|empty_strided|new_empty|new_empty_strided|resize_)$")
 LAUNCHES = (
     "cudaLaunchKernel",
     "cuLaunchKernel",
@@ -63,7 +67,8 @@ class Accounting:
     custom_ms: float = 0.0
     library_ms: float = 0.0
     torch_ms: float = 0.0
-    # torch's memcpy/memset on the device: data movement, which computes nothing (graph copy-in/out).
+    # torch's memcpy/memset on the device and allocations on a CPU: they compute nothing (graph
+    # copy-in/out, the output's `torch::empty`).
     copy_ms: float = 0.0
     custom_count: int = 0
     side_stream_custom: list[str] = field(default_factory=list)
@@ -174,14 +179,19 @@ def _account_cpu(custom_spans: list[dict[str, Any]], ops: list[dict[str, Any]]) 
         acc.custom_ms += own_ms
         acc.custom_count += 1
     for op in tops:
-        origin = "library" if CPU_LIBRARY.match(op["name"]) else "torch"
+        if CPU_ALLOCATION.match(op["name"]):
+            origin = "copy"
+        else:
+            origin = "library" if CPU_LIBRARY.match(op["name"]) else "torch"
         ms = op["dur"] / 1e3
         add(op["name"], origin, ms)
         if origin == "library":
             acc.library_ms += ms
+        elif origin == "copy":
+            acc.copy_ms += ms
         else:
             acc.torch_ms += ms
-    acc.total_ms = acc.custom_ms + acc.library_ms + acc.torch_ms
+    acc.total_ms = acc.custom_ms + acc.library_ms + acc.torch_ms + acc.copy_ms
     acc.kernels = sorted(groups.values(), key=lambda k: -k.time_ms)
     return acc
 
