@@ -5,7 +5,7 @@
 # bubblewrap .deb the Verifier's sandbox needs; fetch them here with:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux2014_x86_64 -d .whl pydantic pydantic_core pydantic-settings python-dotenv \
-#     annotated-types typing-inspection 'protobuf>=7.35.1,<8'
+#     annotated-types typing-inspection 'protobuf>=7.35.1,<8' einops
 #   (mkdir -p .whl/deb && cd .whl/deb && apt-get download bubblewrap)
 # The project itself is not installed: .ci/linktree mirrors setup.py's mapping with links onto this tree,
 # so a changed tree is picked up on a warm machine. Everything lands under .device/ (git-ignored).

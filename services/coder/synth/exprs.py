@@ -127,6 +127,9 @@ ALIASES = {
     "absolute": "abs",
     "arctan": "atan",
     "float_power": "pow",
+    # `~mask`: every tensor the synthesizer lowers is float or bool, and torch refuses `~` on floats.
+    "invert": "logical_not",
+    "bitwise_not": "logical_not",
 }
 
 

@@ -44,6 +44,8 @@ from stitchcuda.coder.synth.trace import Trace, TracedNode
 FLOAT_DTYPES = ("float32",)
 # Inputs the program accepts: float tensors, and boolean masks (read by elementwise ops as 0/1).
 INPUT_DTYPES = (*FLOAT_DTYPES, "bool")
+# torch constructors of constant tensors lowered in the forward, with their fill value.
+CONSTANT_FILLS = {"ones": 1.0, "zeros": 0.0, "full": None}
 
 # Every adaptive pooling module: global ones become reductions, the others window kernels.
 ADAPTIVE_POOL_MODULES = tuple(f"Adaptive{kind}Pool{nd}d" for kind in ("Avg", "Max") for nd in (1, 2, 3))
@@ -347,6 +349,9 @@ class Normalizer:
         if name == "tensor" and not tensor_args:
             self.define(node, self.tensor_literal(node, args))
             return
+        if name in CONSTANT_FILLS and node.meta.get("kind") == "tensor":
+            self.define(node, self.constant_fill(node, name, args, kwargs))
+            return
         if not tensor_args and not any(self.is_tensor(v) for v in kwargs.values()):
             self.lower_host(node, name, args, kwargs)
             return
@@ -489,6 +494,29 @@ class Normalizer:
         if meta.dtype not in FLOAT_DTYPES:
             raise Unsupported(f"{node.name}: torch.tensor of dtype {meta.dtype}")
         return self.emit_ew("identity", [Const(float(value))], [], node.name, node.name)
+
+    def constant_fill(self, node: TracedNode, fn: str, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        """torch.ones/zeros/full(size, ...) in the forward (a mask, an initial state): one constant element
+        expanded (a view) to the traced size, float32 or bool; the kernels that read it fold it in."""
+        meta = self.meta_value(self.own_id(node), node.meta)
+        if fn == "full":
+            got = dict(zip(["size", "fill_value"], args, strict=False)) | kwargs
+            value = self.literal(got.get("fill_value"))
+        else:
+            value = CONSTANT_FILLS[fn]
+        if not isinstance(value, int | float) or meta.dtype not in ("float32", "bool"):
+            raise Unsupported(f"{node.name}: torch.{fn} of dtype {meta.dtype} (float32 and bool are lowered)")
+        if meta.dtype == "bool":
+            one = self.emit_ew("ne", [Const(float(value)), Const(0.0)], [], node.name)
+        else:
+            one = self.emit_ew("identity", [Const(float(value))], [], node.name)
+        if not meta.shape:
+            return one
+        size = [Const(n) for n in meta.shape]
+        strides = (0,) * len(meta.shape)
+        self.g.add_value(Value(meta.id, "tensor", meta.shape, strides, meta.dtype, False))
+        self.g.add_op(Op(VIEW, "expand", meta.id, [one], {"args": size, "kwargs": {}}, origin=node.name))
+        return Ref(meta.id)
 
     def fn_zeros_like(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
         return self.filled_like(node, args[0], 0.0, kwargs)
@@ -838,11 +866,13 @@ class Normalizer:
         return self.emit_ew("div", [e, s], [], origin)
 
     # Scans, flips and triangles: host-side steps calling the synthesizer's own kernels (scans.py).
-    def ordered(self, kind: str, fn: str, x: Any, attrs: dict[str, Any], node: TracedNode) -> Ref:
+    def ordered(
+        self, kind: str, fn: str, x: Any, attrs: dict[str, Any], node: TracedNode, out: str | None = None
+    ) -> Ref:
         v = self.value(x)
         if v is None or v.kind != "tensor" or v.dtype not in FLOAT_DTYPES:
             raise Unsupported(f"{node.name}: {fn} of a {v.dtype if v else 'non'}-tensor")
-        ident = self.own_id(node)
+        ident = out or self.own_id(node)
         self.g.add_value(Value(ident, "tensor", v.shape, contiguous_strides(v.shape)))
         self.g.add_op(Op(kind, fn, ident, [x], attrs, origin=node.name))
         return Ref(ident)
@@ -883,6 +913,11 @@ class Normalizer:
         diagonal = int(self.literal(kwargs.get("diagonal", args[1] if len(args) > 1 else Const(0))))
         if len(self.shape_of(args[0])) < 2:
             raise Unsupported(f"{node.name}: {fn} of a tensor with fewer than 2 dims")
+        if self.g.values[args[0].id].dtype == "bool":
+            # A triangular mask: the float kernel over 0/1, read back as a mask.
+            as_float = self.emit_ew("where", [args[0], Const(1.0), Const(0.0)], [], node.name)
+            kept = self.ordered(TRI, fn, as_float, {"diagonal": diagonal}, node, out=self.fresh(node.name))
+            return self.emit_ew("ne", [kept, Const(0.0)], [], node.name, node.name)
         return self.ordered(TRI, fn, args[0], {"diagonal": diagonal}, node)
 
     # Norms.
@@ -1249,7 +1284,82 @@ class Normalizer:
         operands = args[1] if len(args) == 2 and isinstance(args[1], list) else args[1:]
         if not isinstance(equation, str):
             raise Unsupported(f"{node.name}: einsum equation is not a literal")
-        return self.lib("einsum", list(operands), {"equation": equation}, node)
+        eq = equation.replace(" ", "")
+        specs = eq.split("->")[0].split(",")
+        if len(operands) <= 2 or "..." in eq or "->" not in eq or len(specs) != len(operands):
+            return self.lib("einsum", list(operands), {"equation": equation}, node)
+        # Several operands: contracted pairwise, left to right, each step keeping the labels a later
+        # operand or the result still needs (a GEMM where labels are summed, a product where none are).
+        out = eq.split("->")[1]
+        sizes: dict[str, int] = {}
+        for spec, x in zip(specs, operands, strict=True):
+            shape = self.shape_of(x)
+            if len(spec) != len(shape):
+                raise Unsupported(f"{node.name}: einsum {equation!r} and its operands' ranks disagree")
+            for label, n in zip(spec, shape, strict=True):
+                if sizes.setdefault(label, n) != n and n != 1 and sizes[label] != 1:
+                    raise Unsupported(f"{node.name}: einsum label {label} has sizes {sizes[label]} and {n}")
+                sizes[label] = max(sizes[label], n)
+        acc, acc_spec = operands[0], specs[0]
+        for i in range(1, len(operands)):
+            last = i == len(operands) - 1
+            needed = set("".join(specs[i + 1 :]) + out)
+            labels = dict.fromkeys(label for label in acc_spec + specs[i] if label in needed)
+            pair_out = out if last else "".join(labels)
+            acc = self.einsum_pair(node, acc, acc_spec, operands[i], specs[i], pair_out, sizes, last)
+            acc_spec = pair_out
+        return acc
+
+    def einsum_pair(
+        self,
+        node: TracedNode,
+        a: Ref,
+        sa: str,
+        b: Ref,
+        sb: str,
+        so: str,
+        sizes: dict[str, int],
+        last: bool,
+    ) -> Ref:
+        """One step of a many-operand einsum: `sa,sb->so` as a two-operand einsum (the GEMM form) when a
+        label is summed over both, else as a broadcast product of the operands permuted to `so`'s order."""
+        if len(set(sa)) != len(sa) or len(set(sb)) != len(sb):
+            raise Unsupported(f"{node.name}: einsum with a repeated label (a diagonal)")
+        # A label summed within one operand only is summed before the pair is formed.
+        alone_a = [d for d, label in enumerate(sa) if label not in sb and label not in so]
+        if alone_a:
+            a = self.reduce("sum", a, tuple(alone_a), False, node.name)
+            sa = "".join(label for label in sa if label in sb or label in so)
+        alone_b = [d for d, label in enumerate(sb) if label not in sa and label not in so]
+        if alone_b:
+            b = self.reduce("sum", b, tuple(alone_b), False, node.name)
+            sb = "".join(label for label in sb if label in sa or label in so)
+        shape = tuple(sizes[label] for label in so)
+        out_id = self.own_id(node) if last else self.fresh(node.name)
+        if set(sa) & set(sb) - set(so):
+            self.g.add_value(Value(out_id, "tensor", shape, contiguous_strides(shape)))
+            self.g.add_op(
+                Op(LIB, "einsum", out_id, [a, b], {"equation": f"{sa},{sb}->{so}"}, origin=node.name)
+            )
+            return Ref(out_id)
+        aligned = [self.align_labels(node, x, spec, so) for x, spec in ((a, sa), (b, sb))]
+        return self.emit_ew("mul", aligned, [], node.name, out_id)
+
+    def align_labels(self, node: TracedNode, x: Ref, spec: str, so: str) -> Ref:
+        """x (labels `spec`) as a view whose dims follow `so`: permuted, with size-1 dims for the labels it
+        lacks, so a broadcast product lines up."""
+        order = sorted(range(len(spec)), key=lambda d: so.index(spec[d]))
+        shape = self.shape_of(x)
+        if order != list(range(len(spec))):
+            permuted = tuple(shape[d] for d in order)
+            x = self.view_op(
+                "permute", x, {"args": [Const(d) for d in order], "kwargs": {}}, permuted, node.name
+            )
+            shape, spec = permuted, "".join(spec[d] for d in order)
+        full = tuple(shape[spec.index(label)] if label in spec else 1 for label in so)
+        if full != shape:
+            x = self.view_op("reshape", x, {"shape": list(full)}, full, node.name)
+        return x
 
     def _conv(self, node: TracedNode, fn: str, x: Ref, w: Ref, b: Ref | None, attrs: dict[str, Any]) -> Ref:
         attrs = dict(attrs, bias=b is not None)

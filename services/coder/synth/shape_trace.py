@@ -13,6 +13,7 @@ Standard library and torch only: the tracing process loads it next to trace_work
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,6 +24,9 @@ from torch.fx.node import Node, map_aggregate
 
 # Key of a node's meta holding the value the tracer computed for it.
 VALUE = "stitch_value"
+# Constructors of constant tensors (no random ones: those are refused as constants still).
+CONSTRUCTORS = ("ones", "zeros", "full", "arange", "eye")
+PYTHON_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
 
 
 class DataDependent(torch.fx.proxy.TraceError):
@@ -186,6 +190,30 @@ class ShapeTracer(torch.fx.Tracer):
             )
         return super().create_arg(a)
 
+    def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> torch.fx.Graph:
+        """fx records a torch function only when an argument is a proxy, so `torch.ones(T, T)` in the
+        forward would run eagerly and be refused as a baked constant: while tracing, the constructors of
+        constant tensors are recorded as nodes like any other call (the program makes them in turn)."""
+        saved = {name: getattr(torch, name) for name in CONSTRUCTORS}
+
+        def recorded(original: Callable[..., Any]) -> Callable[..., Any]:
+            def constructor(*args: Any, **kwargs: Any) -> Any:
+                if self._evaluating:
+                    return original(*args, **kwargs)
+                if isinstance(kwargs.get("dtype"), type):  # dtype=bool: torch's own spelling for fx
+                    kwargs = dict(kwargs, dtype=PYTHON_DTYPES[kwargs["dtype"]])
+                return self.create_proxy("call_function", original, args, kwargs)
+
+            return constructor
+
+        for name, original in saved.items():
+            setattr(torch, name, recorded(original))
+        try:
+            return super().trace(root, concrete_args)
+        finally:
+            for name, original in saved.items():
+                setattr(torch, name, original)
+
     def to_bool(self, obj: torch.fx.Proxy) -> bool:
         value = self.value_of(obj)
         if isinstance(value, torch.Tensor):
@@ -201,9 +229,32 @@ class ShapeTracer(torch.fx.Tracer):
         return iter([items[i] for i in range(count)])
 
 
+def register_einops() -> None:
+    """Lets einops (`rearrange`, `reduce`, `repeat`, `einsum`) take the tracer's proxies when the reference
+    imported it: einops finds a backend per tensor type among its backend classes whose framework module is
+    loaded, and its torch backend's operations (reshape, permute, unsqueeze, expand, reductions) are calls
+    the tracer records like any other. Its recipes need concrete shapes, which these proxies have."""
+    backends = sys.modules.get("einops._backends")
+    if backends is None or getattr(backends, "_stitch_registered", False):
+        return
+
+    class ShapeProxyBackend(backends.TorchBackend):  # type: ignore[misc,name-defined]
+        framework_name = __name__
+
+        def is_appropriate_type(self, tensor: Any) -> bool:
+            return isinstance(tensor, ShapeProxy)
+
+        def shape(self, x: Any) -> tuple[int, ...]:
+            return tuple(x.shape)
+
+    backends._stitch_registered = True
+    backends._stitch_backend = ShapeProxyBackend  # kept alive: einops finds it among the subclasses
+
+
 def specialized_trace(model: torch.nn.Module, make_inputs: Callable[[], list[Any]]) -> torch.fx.GraphModule:
     """The forward of `model` traced for the inputs `make_inputs` returns (made as fake tensors where
     it allows). Forward arguments the inputs leave out keep their defaults, as constants of the trace."""
+    register_einops()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
         with fake_mode:

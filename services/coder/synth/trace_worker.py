@@ -34,7 +34,8 @@ else:  # a script in the tracing sandbox, where only this folder is visible
 
 Retrace = Callable[[torch.nn.Module], torch.fx.GraphModule]
 MISSING_MODULE_HINTS = {
-    "einops": ": write its rearrange as torch reshape/permute/flatten calls",
+    "einops": ": it is a dependency of StitchCUDA (pip install einops), or write its rearrange as torch "
+    "reshape/permute/flatten calls",
 }
 
 SCALAR_TYPES = (bool, int, float, str, type(None))

@@ -1,6 +1,7 @@
 """Level-3 model patterns torch.fx cannot trace symbolically (issue 14 items 2 and 3): forwards that slice a
 buffer by the input length, loop over a size, branch on the device or assert on shapes are traced
-specialised to the inputs' shapes (the program checks them); nn.MultiheadAttention; a branch on tensor
+specialised to the inputs' shapes (the program checks them); nn.MultiheadAttention; einops and
+many-operand einsums (a Mamba-2 style chunked scan, with a mask made in the forward); a branch on tensor
 values and a missing package are refused with a clear reason; large models are traced on the meta
 device. Where a program comes out, its CPU build (slow) is compared with PyTorch."""
 
@@ -175,7 +176,70 @@ def get_init_inputs():
 """
 )
 
+# A chunked state-space scan (Mamba-2's SSD form), written with einops: chunks by rearrange, a causal
+# mask made in the forward from constants, segment sums through cumsum, many-operand einsums (contracted
+# pairwise), the chunk recurrence through F.pad and cat.
+SSD = (
+    HEADER
+    + """from einops import rearrange
+
+
+class Model(nn.Module):
+    def __init__(self, batch, length, heads, state, chunk):
+        super().__init__()
+        self.chunk = chunk
+        self.decay = nn.Parameter(-torch.rand(batch, length, heads))
+        self.b = nn.Parameter(torch.randn(batch, length, heads, state) * 0.5)
+        self.c = nn.Parameter(torch.randn(batch, length, heads, state) * 0.5)
+
+    def segments(self, a):
+        n = a.size(-1)
+        run = torch.cumsum(a, dim=-1)
+        diff = run[..., :, None] - run[..., None, :]
+        causal = torch.tril(torch.ones(n, n, device=a.device, dtype=bool))
+        return diff.masked_fill(~causal, -torch.inf)
+
+    def forward(self, x):
+        xs, a, b, c = [rearrange(t, "b (k l) ... -> b k l ...", l=self.chunk) for t in (x, self.decay, self.b, self.c)]
+        a = rearrange(a, "b k l h -> b h k l")
+        run = torch.cumsum(a, dim=-1)
+        inner = torch.einsum("bklhn,bkshn,bhkls,bkshp->bklhp", c, b, torch.exp(self.segments(a)), xs)
+        carried = torch.einsum("bklhn,bhkl,bklhp->bkhpn", b, torch.exp(run[:, :, :, -1:] - run), xs)
+        carried = torch.cat([torch.zeros_like(carried[:, :1]), carried], dim=1)
+        across = torch.exp(self.segments(F.pad(run[:, :, :, -1], (1, 0))))
+        carried = torch.einsum("bhzk,bkhpn->bzhpn", across, carried)[:, :-1]
+        outer = torch.einsum("bklhn,bkhpn,bhkl->bklhp", c, carried, torch.exp(run))
+        return rearrange(inner + outer, "b k l h p -> b (k l) h p")
+
+def get_inputs():
+    return [torch.randn(2, 8, 3, 5)]
+
+def get_init_inputs():
+    return [2, 8, 3, 4, 4]
+"""
+)
+
+# Many-operand einsums: a label summed within one operand, a product with no label summed, a chain.
+EINSUMS = (
+    HEADER
+    + """class Model(nn.Module):
+    def forward(self, x, w, v):
+        chain = torch.einsum("ab,bc,cd->ad", x[:, :, 0], w, w.t())
+        reduced = torch.einsum("abc,bd,d->a", x, w, v)
+        product = torch.einsum("abc,b,ac->cab", x, v, x[:, 0, :])
+        return chain.sum(dim=1) + reduced + product.mean(dim=(0, 2))
+
+def get_inputs():
+    return [torch.randn(4, 3, 5), torch.randn(3, 3), torch.randn(3)]
+
+def get_init_inputs():
+    return []
+"""
+)
+
 BUILT = {
+    "ssd": SSD,
+    "einsums": EINSUMS,
     "pad": PAD,
     "causal": CAUSAL,
     "loop": LOOP,
@@ -203,7 +267,7 @@ def test_each_pattern_comes_out_under_both_policies(synth: Synthesizer, name: st
         host = synthesis.files["forward.cpp"]
         assert "at::multi_head_attention" not in host and "at::_native_multi_head_attention" not in host
         # Only the forwards that read their input shapes as numbers are specialised, and checked.
-        specialised = name in ("causal", "loop", "branches")
+        specialised = name in ("causal", "loop", "branches", "ssd")
         assert ("was generated for shape" in host) == specialised, name
 
 
