@@ -1300,7 +1300,10 @@ class Normalizer:
                 if sizes.setdefault(label, n) != n and n != 1 and sizes[label] != 1:
                     raise Unsupported(f"{node.name}: einsum label {label} has sizes {sizes[label]} and {n}")
                 sizes[label] = max(sizes[label], n)
-        acc, acc_spec = operands[0], specs[0]
+        if not all(isinstance(x, Ref) for x in operands):
+            raise Unsupported(f"{node.name}: einsum of an operand that is not a tensor")
+        acc: Ref = operands[0]
+        acc_spec = specs[0]
         for i in range(1, len(operands)):
             last = i == len(operands) - 1
             needed = set("".join(specs[i + 1 :]) + out)

@@ -247,8 +247,9 @@ def register_einops() -> None:
         def shape(self, x: Any) -> tuple[int, ...]:
             return tuple(x.shape)
 
-    backends._stitch_registered = True
-    backends._stitch_backend = ShapeProxyBackend  # kept alive: einops finds it among the subclasses
+    # Kept alive on the module: einops finds the backend among the subclasses, and registers it once.
+    setattr(backends, "_stitch_registered", True)  # noqa: B010
+    setattr(backends, "_stitch_backend", ShapeProxyBackend)  # noqa: B010
 
 
 def specialized_trace(model: torch.nn.Module, make_inputs: Callable[[], list[Any]]) -> torch.fx.GraphModule:
