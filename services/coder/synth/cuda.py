@@ -378,6 +378,7 @@ class CudaKernels:
         # the row again. Valid when cols <= threads * 4 * RCACHE (checked on the host).
         loaded: set[int] = set()
         cached_ops: set[int] = set()
+        row_cache = [True]  # whether element passes emit the cached branch (off when too many operands)
 
         def cached_loads(pass_used: set[int]) -> list[str]:
             out = []
@@ -632,7 +633,7 @@ class CudaKernels:
                     row_section(row_scope, 2)
                     lines += row_scope.lines
                     continue
-                lines += element_pass(row_scope, level, "0", "cols", acc_map, cache=True)
+                lines += element_pass(row_scope, level, "0", "cols", acc_map, cache=row_cache[0])
                 lines += reduce_block(level, acc_map)
                 lines += finalize(row_scope, level, acc_map)
                 row_section(row_scope, level)
@@ -649,6 +650,14 @@ class CudaKernels:
         # sm_90 under __launch_bounds__(512) (16 float4: 468 B of spill stores; rows 3-20x slower on an H200).
         reuse = sorted(cached_ops)
         rcache = 4 if info.max_level > 0 and 0 < len(reuse) <= 2 else 0
+        if not rcache and reuse:
+            # Too many operands to cache: the body again without the cached branch, whose stores would
+            # name arrays never declared (an error even in a discarded `if constexpr` branch).
+            row_cache[0] = False
+            loaded.clear()
+            cached_ops.clear()
+            body = row_body(accs)
+            reuse = []
         caches = [f"[[maybe_unused]] float4 cache{i}[{k.name}_RCACHE];" for i in reuse] if rcache else []
         main = [
             *self.desc_struct(info),

@@ -43,7 +43,8 @@ from stitchcuda.coder.synth.trace import Trace, TracedNode
 
 FLOAT_DTYPES = ("float32",)
 # Inputs the program accepts: float tensors, and boolean masks (read by elementwise ops as 0/1).
-INPUT_DTYPES = (*FLOAT_DTYPES, "bool")
+# int64 inputs are class indices (cross-entropy targets): only comparisons read them (int_reads).
+INPUT_DTYPES = (*FLOAT_DTYPES, "bool", "int64")
 # torch constructors of constant tensors lowered in the forward, with their fill value.
 CONSTANT_FILLS = {"ones": 1.0, "zeros": 0.0, "full": None}
 
@@ -101,6 +102,8 @@ class Normalizer:
         self._fresh = 0
         # fx node name -> the IR value its lowering produced (when they differ).
         self.alias: dict[str, str] = {}
+        # Comparisons allowed to read int64 tensors (check_int_reads).
+        self.int_reads: set[str] = set()
         # Results the lowering does not produce (a tensor's device as a value): an error only if used.
         self.unavailable: dict[str, str] = {}
 
@@ -176,18 +179,36 @@ class Normalizer:
         return v.shape if v is not None and v.kind == "tensor" else ()
 
     def emit_ew(
-        self, fn: str, operands: list[Any], params: list[Any], origin: str, out: str | None = None
+        self,
+        fn: str,
+        operands: list[Any],
+        params: list[Any],
+        origin: str,
+        out: str | None = None,
+        small_ints: bool = False,
     ) -> Ref:
+        """One elementwise op; `small_ints`: a comparison whose int64 operands are known to hold integers
+        exact in float32 (class indices), the only reads of int64 tensors the float kernels make."""
         spec = EW[fn]
         for a in operands:
             v = self.value(a)
-            if v is not None and v.kind == "tensor" and v.dtype not in (*FLOAT_DTYPES, "bool"):
+            allowed = (
+                (*FLOAT_DTYPES, "bool", "int64")
+                if small_ints and spec.result == "bool"
+                else (
+                    *FLOAT_DTYPES,
+                    "bool",
+                )
+            )
+            if v is not None and v.kind == "tensor" and v.dtype not in allowed:
                 raise Unsupported(f"{origin}: elementwise {fn} on a {v.dtype} tensor")
         shape = broadcast_shapes(*[self.shape_of(a) for a in operands if self.is_tensor(a)])
         ident = out or self.fresh(origin)
         dtype = "bool" if spec.result == "bool" else "float32"
         self.g.add_value(Value(ident, "tensor", shape, contiguous_strides(shape), dtype, True))
         self.g.add_op(Op(K_EW, fn, ident, [*operands, *params], origin=origin))
+        if small_ints:
+            self.int_reads.add(ident)
         return Ref(ident)
 
     def scalar(self, a: Any, default: float | int | bool | None = None) -> Any:
@@ -237,7 +258,8 @@ class Normalizer:
 
     def view_op(self, fn: str, src: Ref, attrs: dict[str, Any], shape: tuple[int, ...], origin: str) -> Ref:
         ident = self.fresh(origin)
-        self.g.add_value(Value(ident, "tensor", shape, contiguous_strides(shape)))
+        dtype = self.g.values[src.id].dtype
+        self.g.add_value(Value(ident, "tensor", shape, contiguous_strides(shape), dtype))
         self.g.add_op(Op(VIEW, fn, ident, [src], attrs, origin=origin))
         return Ref(ident)
 
@@ -270,8 +292,23 @@ class Normalizer:
                 raise Unsupported(f"{node.name} ({node.target}): {exc}") from exc
         if self.trace.specialized:
             self.guard_shapes()
+        self.check_int_reads()
         fold_scans(self.g)
         return self.g
+
+    def check_int_reads(self) -> None:
+        """An int64 tensor (an input of class indices) is read only by views and by the comparisons a
+        lowering made knowing its values are small integers, exact in float32: torch's integer arithmetic
+        (division, overflow) is not what the float kernels compute."""
+        for op in self.g.ops:
+            if op.kind in (VIEW, HOST) or op.out in self.int_reads:
+                continue
+            for ident in op.refs():
+                v = self.g.values[ident]
+                if v.kind == "tensor" and v.dtype == "int64" and self.g.producer[ident].kind in (INPUT, VIEW):
+                    raise Unsupported(
+                        f"{op.origin}: {op.fn} of an int64 tensor (integer inputs are class indices)"
+                    )
 
     def guard_shapes(self) -> None:
         """A trace specialised to the inputs' shapes holds them as numbers (view sizes, loop counts): the
@@ -817,6 +854,9 @@ class Normalizer:
 
     def fn_logsumexp(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
         x, dims, keep = self._reduce_args(args, kwargs)
+        return self.logsumexp(x, dims, keep, node)
+
+    def logsumexp(self, x: Ref, dims: tuple[int, ...], keep: bool, node: TracedNode) -> Ref:
         m = self.reduce("amax", x, dims, True, node.name)
         # A row of -inf keeps its max out of the subtraction (as torch does).
         safe = self.emit_ew(
@@ -1164,6 +1204,80 @@ class Normalizer:
             batch = self.host_int("size", [batch_of, Const(0)], shape[0] if shape else 1, origin)
             return self.emit_ew("div", [total, batch], [], origin)
         raise Unsupported(f"{origin}: loss reduction {mode!r}")
+
+    def fn_cross_entropy(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        """F.cross_entropy with class-index targets (int64) or class probabilities (float), classes along
+        dim 1: logsumexp over the classes minus the target's logit, picked by comparing the index with
+        the class number (a scan of ones), label smoothing and ignore_index as torch defines them."""
+        names = ["input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction"]
+        got = dict(zip([*names, "label_smoothing"], args, strict=False)) | kwargs
+        self.legacy_reduction(node, got)
+        x, target = got["input"], got["target"]
+        if got.get("weight") is not None:
+            raise Unsupported(f"{node.name}: cross_entropy with class weights")
+        shape = self.shape_of(x)
+        if len(shape) < 2:
+            raise Unsupported(f"{node.name}: cross_entropy of an input without a batch dim")
+        classes = shape[1]
+        smoothing = float(self.literal(got.get("label_smoothing", Const(0.0))))
+        lse = self.logsumexp(x, (1,), False, node)
+        t = self.g.values[target.id]
+        if t.dtype in FLOAT_DTYPES:  # class probabilities: -sum_c t_c log_softmax(x)_c, smoothed
+            if smoothing:
+                target = self.emit_ew(
+                    "add", [self.emit_ew("mul", [target, Const(1.0 - smoothing)], [], node.name),
+                            Const(smoothing / classes)], [], node.name,
+                )  # fmt: skip
+            lsm = self.emit_ew("sub", [x, self.unsqueeze(lse, 1, node.name)], [], node.name)
+            picked = self.reduce(
+                "sum", self.emit_ew("mul", [target, lsm], [], node.name), (1,), False, node.name
+            )
+            loss = self.emit_ew("neg", [picked], [], node.name)
+            return self.loss_reduction(loss, got.get("reduction"), node.name)
+        if t.dtype != "int64":
+            raise Unsupported(f"{node.name}: cross_entropy targets of dtype {t.dtype}")
+        if classes >= 1 << 24:
+            raise Unsupported(f"{node.name}: {classes} classes (class numbers exact in float32 up to 2^24)")
+        ignore = int(self.literal(got.get("ignore_index", Const(-100))))
+        # The class number of each position along dim 1: a running sum of ones, minus one.
+        ones = self.emit_ew("identity", [Const(1.0)], [], node.name)
+        ones = self.view_op("expand", ones, {"args": [Const(classes)], "kwargs": {}}, (classes,), node.name)
+        count = self.ordered(SCAN, "sum", ones, {"dim": 0, "reverse": False, "exclusive": False}, node,
+                             out=self.fresh(node.name))  # fmt: skip
+        number = self.emit_ew("sub", [count, Const(1.0)], [], node.name)
+        column = (classes, *(1,) * (len(shape) - 2))
+        number = self.view_op("reshape", number, {"shape": list(column)}, column, node.name)
+        hit = self.emit_ew(
+            "eq", [self.unsqueeze(target, 1, node.name), number], [], node.name, small_ints=True
+        )
+        logit = self.reduce(
+            "sum", self.emit_ew("where", [hit, x, Const(0.0)], [], node.name), (1,), False, node.name
+        )
+        loss = self.emit_ew("sub", [lse, logit], [], node.name)
+        if smoothing:
+            mean = self.reduce("mean", x, (1,), False, node.name)
+            smooth = self.emit_ew("sub", [lse, mean], [], node.name)
+            loss = self.emit_ew(
+                "add", [self.emit_ew("mul", [loss, Const(1.0 - smoothing)], [], node.name),
+                        self.emit_ew("mul", [smooth, Const(smoothing)], [], node.name)], [], node.name,
+            )  # fmt: skip
+        kept = self.emit_ew("ne", [target, Const(ignore)], [], node.name, small_ints=True)
+        loss = self.emit_ew("where", [kept, loss, Const(0.0)], [], node.name)
+        mode = self.literal(got["reduction"]) if got.get("reduction") is not None else "mean"
+        if mode == "mean":  # over the targets not ignored
+            rank = len(self.shape_of(loss))
+            counted = self.emit_ew("where", [kept, Const(1.0), Const(0.0)], [], node.name)
+            total = self.reduce("sum", loss, norm_dims(None, rank), False, node.name)
+            return self.emit_ew(
+                "div", [total, self.reduce("sum", counted, norm_dims(None, rank), False, node.name)], [],
+                node.name,
+            )  # fmt: skip
+        return self.loss_reduction(loss, got.get("reduction"), node.name)
+
+    def unsqueeze(self, x: Ref, dim: int, origin: str) -> Ref:
+        shape = self.shape_of(x)
+        out = (*shape[:dim], 1, *shape[dim:])
+        return self.view_op("reshape", x, {"shape": list(out)}, out, origin)
 
     def fn_smooth_l1_loss(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
         names = ["input", "target", "size_average", "reduce", "reduction", "beta"]
@@ -1600,6 +1714,16 @@ class Normalizer:
             ndims = len(shape) if isinstance(shape, list) else 1
             eps = self.mod_attr(node, "eps") if a.get("eps") is not None else Const(1.1920928955078125e-07)
             self.define(node, self.rms_norm(x, ndims, self.module_param(node, "weight"), eps, node.name))
+            return
+        if cls == "CrossEntropyLoss":
+            if self.module_param(node, "weight") is not None:
+                raise Unsupported(f"{node.name}: CrossEntropyLoss with class weights")
+            settings = {
+                "ignore_index": Const(int(a.get("ignore_index", -100))),
+                "reduction": a.get("reduction", "mean"),
+                "label_smoothing": Const(float(a.get("label_smoothing", 0.0))),
+            }
+            self.define(node, self.fn_cross_entropy(node, list(args[:2]), {**kwargs, **settings}))
             return
         if cls == "TripletMarginLoss":
             operands = [*args, *(kwargs[k] for k in ("positive", "negative") if k in kwargs)]

@@ -8,17 +8,19 @@ device. Where a program comes out, its CPU build (slow) is compared with PyTorch
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
 from synth_build import load_program
+from test_coder_cuda_build import NVCC, assert_program_compiles
 
 from stitchcuda.coder.synth import init_check, trace_worker
 from stitchcuda.coder.synth.ir import Unsupported
 from stitchcuda.coder.synth.synthesizer import Synthesizer, to_candidate
 from stitchcuda.coder.synth.trace import TraceError
 from stitchcuda.coder.synth.variants import Variant
-from stitchcuda.shared.candidate import validate
+from stitchcuda.shared.candidate import validate, write_dir
 from stitchcuda.shared.policy import LIBRARY, STRICT, KernelPolicy
 
 HEADER = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
@@ -269,6 +271,13 @@ def test_each_pattern_comes_out_under_both_policies(synth: Synthesizer, name: st
         # Only the forwards that read their input shapes as numbers are specialised, and checked.
         specialised = name in ("causal", "loop", "branches", "ssd")
         assert ("was generated for shape" in host) == specialised, name
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_chunked_scan_compiles_for_cuda(synth: Synthesizer, tmp_path: Path) -> None:
+    synthesis = synth.synthesize(SSD, None, variant=Variant(), device="cuda", policy=KernelPolicy(STRICT))
+    write_dir(to_candidate(synthesis), tmp_path / "program")
+    assert_program_compiles(tmp_path / "program", tmp_path)
 
 
 def test_specialised_program_checks_every_input_and_parameter_shape(synth: Synthesizer) -> None:
