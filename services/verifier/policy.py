@@ -88,6 +88,10 @@ RULES: tuple[Rule, ...] = (
          "no input data reaches a kernel or the output"),
     Rule("D11.seed",               REJECT,   False,   "15",
          "seeds RNGs, or generates random tensors at import or on the forward path"),
+    Rule("D11.random-draw",        INFO,     False,   "15",
+         "draws from torch's generator through ATen (dropout in training mode, randn): how a random "
+         "reference's numbers are drawn again; the Verifier seeds every call, the reference's and the "
+         "candidate's"),
     Rule("D11.precision",          REJECT,   True,    "26",
          "fp16/bf16/fp8/TF32 casts, intrinsics or autocast when the reference is fp32"),
     Rule("D11.memory",             REJECT,   False,   "33",

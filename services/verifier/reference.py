@@ -68,6 +68,10 @@ class ReferenceResult:
     # A problem whose input set and outputs reach settings.gpu_alone_set_gb: its runs hold the GPU alone
     # throughout, since several of them would not fit beside another's (harness/turns.py).
     alone: bool = False
+    # The reference draws random numbers (dropout in training mode, torch.randn in forward): every forward
+    # call on an input set, the reference's and the candidate's, is seeded with that set's forward seed
+    # (harness/seeds.py), and the float32 run is the ground truth.
+    random: bool = False
     # Facts derived from the reference alone (tolerances, null-model checks), computed once.
     memo: dict[tuple[object, ...], Any] = field(default_factory=dict)
 
@@ -242,7 +246,9 @@ class ReferenceRunner:
         skipped: dict[str, str] = {}
         offshape: dict[str, Any] = {}
         specs = {s["name"]: s for s in plan.sets}
+        random = False
         for head, blob in outcome.all("set"):
+            random = random or bool(head.get("random"))
             if head.get("skipped"):
                 skipped[head["name"]] = head["skipped"]
                 continue
@@ -287,6 +293,7 @@ class ReferenceRunner:
             ceilings=ceilings,
             sandbox=outcome.sandbox,
             seconds=outcome.seconds,
+            random=random,
         )
 
 

@@ -22,7 +22,7 @@ from stitchcuda.api.v1 import code_pb2
 from stitchcuda.shared.candidate import ENTRY, builds
 from stitchcuda.verifier import limits
 from stitchcuda.verifier.accounting import CALL_SPAN
-from stitchcuda.verifier.harness import sketch, wire
+from stitchcuda.verifier.harness import seeds, sketch, wire
 from stitchcuda.verifier.reference import ReferenceResult
 from stitchcuda.verifier.sandbox import Launch, Mount, Outcome, RunSpec, Sandbox
 from stitchcuda.verifier.settings import VerifierSettings
@@ -234,6 +234,14 @@ class CandidateRunner:
             "block_ms": self.settings.timing_block_ms_cuda
             if ref.device == "cuda"
             else self.settings.timing_block_ms_cpu,
+            # A random reference's sets: the seed of every forward call on each (harness/seeds.py).
+            "forward_seeds": {
+                name: seeds.forward_seed(int(data.spec["seed"]))
+                for name, data in ref.sets.items()
+                if "seed" in data.spec
+            }
+            if ref.random
+            else {},
         }
         if quick:
             header.update(steps=steps[:2], warmup=1, iterations=1, late="", offshape=None)

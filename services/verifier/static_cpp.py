@@ -100,6 +100,22 @@ PRECISION = _P(
 )
 DISPATCH = _P(r"\bc10::Dispatcher\b|\bfindSchema\w*\s*\(|\bcallBoxed\s*\(|\btorch::jit::\w+")
 ATEN_CALL = _P(r"\b(?:at|torch)::((?:\w+::)*)(\w+)\s*\(")
+# Draws from torch's random generator: a random reference's numbers come from it, and only the same ATen
+# call on it draws them again (the Verifier seeds it before every call). Reported, not rejected; D6 counts
+# their device time as torch's.
+ATEN_RANDOM = frozenset(
+    {
+        "dropout",
+        "native_dropout",
+        "randn",
+        "rand",
+        "randn_like",
+        "rand_like",
+        "randint",
+        "bernoulli",
+        "normal",
+    }
+)
 ATEN_ALLOWED = frozenset(
     [
         "empty",
@@ -379,6 +395,13 @@ def _rules(path: str, code: str, hits: Hits, fp32: bool, raw: str) -> None:
     for m in ATEN_CALL.finditer(code):
         ns, name = m.group(1), m.group(2)
         if name in ATEN_ALLOWED or name.startswith(("check", "is_", "get_", "set_")):
+            continue
+        if name in ATEN_RANDOM and not ns:
+            hits.add(
+                "D11.random-draw",
+                f"draws from torch's random generator: {m.group(0).strip()[:60]}",
+                f"{path}:{_line(code, m.start())}",
+            )
             continue
         if name[:1].isupper() and not ns:  # at::Tensor(...), at::Scalar(...): types, not ops
             continue

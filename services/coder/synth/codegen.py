@@ -22,6 +22,7 @@ from stitchcuda.coder.synth.ir import (
     ITEM,
     LIB,
     PARAM,
+    RANDOM,
     REDUCE,
     SCAN,
     TRI,
@@ -398,6 +399,8 @@ class Host:
             return lines
         if op.kind in (SCAN, FLIP, TRI):
             return [f"at::Tensor {tensor_var(op.out)} = {self.ordered_expr(op)};"]
+        if op.kind == RANDOM:
+            return [f"at::Tensor {tensor_var(op.out)} = {self.random_expr(op)};"]
         if op.kind == HOST:
             return self.host_scalar(op)
         if op.kind == ITEM:
@@ -612,6 +615,16 @@ class Host:
         if op.kind == FLIP:
             return f"stitch_flip({src}, {self.int_list([Const(d) for d in at['dims']])})"
         return f"stitch_tri({src}, {str(op.fn == 'triu').lower()}, {at['diagonal']})"
+
+    def random_expr(self, op: Op) -> str:
+        """The ATen call torch itself makes for the draw (F.dropout is at::dropout; torch.randn at::randn):
+        the same call on the same generator draws the same numbers."""
+        if op.fn == "dropout":
+            return f"at::dropout({tensor_var(op.args[0].id)}, {op.attrs['p']!r}, true)"
+        if op.fn in ("randn_like", "rand_like"):
+            return f"at::{op.fn}({tensor_var(op.args[0].id)})"
+        sizes = self.int_list([Const(n) for n in op.attrs["size"]])
+        return f"at::{op.fn}({sizes}, {self.first_tensor()}.options().dtype(at::kFloat))"
 
     def opt_tensor(self, a: Any) -> str:
         return f"c10::optional<at::Tensor>({tensor_var(a.id)})" if isinstance(a, Ref) else "c10::nullopt"

@@ -66,6 +66,11 @@ ITEM = "item"  # element of a multi-result value (max(dim) -> values, indices)
 SCAN = "scan"  # inclusive/exclusive prefix sum or product along one dim, optionally from the end
 FLIP = "flip"  # reversal of dims (a gather: torch has no negative strides)
 TRI = "tri"  # triu/tril: elements off the kept triangle of the last two dims set to zero
+# A draw from torch's random generator (dropout in training mode, torch.randn in the forward), through the
+# ATen call the reference's own code makes, in the reference's order: the Verifier seeds the generator
+# before every call, the reference's and the program's, so both draw the same numbers.
+RANDOM = "random"
+RANDOM_FNS = frozenset({"dropout", "randn", "rand", "randn_like", "rand_like"})
 
 REDUCE_FNS = frozenset({"sum", "mean", "amax", "amin", "prod", "argmax", "argmin"})
 SCAN_FNS = frozenset({"sum", "prod"})

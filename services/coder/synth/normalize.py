@@ -21,6 +21,7 @@ from stitchcuda.coder.synth.ir import (
     LIB,
     PARAM,
     POOL,
+    RANDOM,
     REDUCE,
     SCAN,
     TRI,
@@ -389,6 +390,9 @@ class Normalizer:
         if name in CONSTANT_FILLS and node.meta.get("kind") == "tensor":
             self.define(node, self.constant_fill(node, name, args, kwargs))
             return
+        if name in ("randn", "rand") and node.meta.get("kind") == "tensor":
+            self.define(node, self.random_draw(node, name, [], {}))
+            return
         if not tensor_args and not any(self.is_tensor(v) for v in kwargs.values()):
             self.lower_host(node, name, args, kwargs)
             return
@@ -684,8 +688,29 @@ class Normalizer:
         p = self.literal(kwargs.get("p", args[1] if len(args) > 1 else Const(0.5)))
         training = self.literal(kwargs.get("training", args[2] if len(args) > 2 else Const(True)))
         if training and p > 0:
-            raise Unsupported(f"{node.name}: dropout in training mode is random")
+            return self.random_draw(node, "dropout", [args[0]], {"p": float(p)})
         return self.emit_ew("identity", [args[0]], [], node.name, node.name)
+
+    def fn_randn_like(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self.random_draw(node, "randn_like", [args[0]], {})
+
+    def fn_rand_like(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        return self.random_draw(node, "rand_like", [args[0]], {})
+
+    def random_draw(self, node: TracedNode, fn: str, args: list[Any], attrs: dict[str, Any]) -> Ref:
+        """Dropout in training mode or a tensor of random numbers: the ATen call torch makes for it, on
+        torch's generator, in the reference's order (ir.RANDOM), so the program draws what the reference
+        draws when both start from one seed. The numbers come from torch; the work around them is ours."""
+        meta = self.meta_value(self.own_id(node), node.meta)
+        if meta.kind != "tensor" or meta.dtype != "float32":
+            raise Unsupported(f"{node.name}: {fn} of dtype {meta.dtype} (float32 draws are lowered)")
+        for a in args:
+            if self.g.values[a.id].dtype != "float32":
+                raise Unsupported(f"{node.name}: {fn} of a {self.g.values[a.id].dtype} tensor")
+        attrs = dict(attrs, size=list(meta.shape))
+        self.g.add_value(Value(meta.id, "tensor", meta.shape, contiguous_strides(meta.shape), "float32"))
+        self.g.add_op(Op(RANDOM, fn, meta.id, list(args), attrs, origin=node.name))
+        return Ref(meta.id)
 
     def _identity(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
         return self.emit_ew("identity", [args[0]], [], node.name, node.name)
@@ -1670,7 +1695,10 @@ class Normalizer:
             return
         if cls in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout"):
             if mod.get("training") and a.get("p", 0) > 0:
-                raise Unsupported(f"{node.name}: dropout in training mode is random")
+                if cls != "Dropout":  # each draws its mask its own way (per channel, alpha-scaled)
+                    raise Unsupported(f"{node.name}: {cls} in training mode (nn.Dropout's is lowered)")
+                self.define(node, self.random_draw(node, "dropout", [x], {"p": float(a["p"])}))
+                return
             self.define(node, self.emit_ew("identity", [x], [], node.name, node.name))
             return
         if cls in ("Softmax", "LogSoftmax"):

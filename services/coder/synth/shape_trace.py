@@ -24,8 +24,9 @@ from torch.fx.node import Node, map_aggregate
 
 # Key of a node's meta holding the value the tracer computed for it.
 VALUE = "stitch_value"
-# Constructors of constant tensors (no random ones: those are refused as constants still).
-CONSTRUCTORS = ("ones", "zeros", "full", "arange", "eye")
+# Constructors of tensors in the forward: constants (a mask), and random draws (a random initial state),
+# which the program makes in turn from torch's generator.
+CONSTRUCTORS = ("ones", "zeros", "full", "arange", "eye", "randn", "rand")
 PYTHON_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
 
 
@@ -186,7 +187,7 @@ class ShapeTracer(torch.fx.Tracer):
         if tensor and not any(a is b for b in self.root.buffers()):
             raise torch.fx.proxy.TraceError(
                 "the forward uses a tensor that is neither an input, a parameter nor a registered buffer "
-                "(made from constants alone, e.g. torch.randn(n), or a plain tensor attribute)"
+                "(made from constants alone, e.g. torch.linspace(0, 1, n), or a plain tensor attribute)"
             )
         return super().create_arg(a)
 

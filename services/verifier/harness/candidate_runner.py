@@ -707,6 +707,16 @@ def main() -> None:
     sync = clock.sync
     no_grad = torch.no_grad
     tensor_cls = torch.Tensor
+    # A random reference's sets (harness/seeds.py): every forward call on a set, checked or timed, is
+    # seeded with that set's seed, as the reference's calls were; the generator is bound before any
+    # candidate code runs.
+    forward_seeds: dict[str, int] = {}
+    manual_seed = torch.manual_seed
+
+    def reseed(set_name: str) -> None:
+        if forward_seeds:
+            manual_seed(forward_seeds.get(set_name, int.from_bytes(os.urandom(7), "big")))
+
     profile_cls = torch.autograd.profiler.profile
     record_function = torch.profiler.record_function
     # Prime lazily created thread pools so later growth means the candidate started threads.
@@ -716,6 +726,7 @@ def main() -> None:
     send({"kind": "ready"})
 
     header, payload = common.read_job(job_file, idle_timeout=args.idle_timeout)
+    forward_seeds.update({str(k): int(v) for k, v in (header.get("forward_seeds") or {}).items()})
     t_job = common.now()
     mark("job")
     # The GPU is shared with the node's other runs while this one works and is its alone while it times
@@ -932,6 +943,7 @@ def main() -> None:
             elif op == "call":
                 slot_name, name, set_name = step[1], step[2], step[3]
                 before = custom_calls[0]
+                reseed(set_name)
                 outs = call(slots[slot_name], name or f"warm call on {set_name}")
                 if calls[0] == 1:
                     auditor.phase = "correctness"
@@ -966,10 +978,13 @@ def main() -> None:
             if baseline is not None
             else []
         )
+        pool_names = list(header["pool"])
         with no_grad():
             for i in range(int(header["warmup"])):
+                reseed(pool_names[i % len(pool)])
                 model(*pool[i % len(pool)])
                 if baseline is not None:
+                    reseed(pool_names[i % len(eager_pool)])
                     baseline(*eager_pool[i % len(eager_pool)])
         sync()
         # A block lasts at least block_ms (a block's median of a few short calls is mostly noise), and
@@ -979,8 +994,12 @@ def main() -> None:
         floor = max(1, -(-int(header["iterations"]) // rounds_min))
 
         def block_size(fn: Any, slots: list[list[Any]]) -> int:
+            def one(j: int) -> Any:
+                reseed(pool_names[j % len(slots)])
+                return fn(*slots[j % len(slots)])
+
             with no_grad():
-                d, _ = clock.time_calls(lambda j: fn(*slots[j % len(slots)]), 3)
+                d, _ = clock.time_calls(one, 3)
             return max(floor, min(1000, int(block_ms / max(min(d), 1e-4)) + 1)) if block_ms > 0 else floor
 
         per_round = block_size(model, pool)
@@ -995,6 +1014,7 @@ def main() -> None:
         previous: list[list[Any]] = []
 
         def timed(i: int) -> Any:
+            reseed(pool_names[i % len(pool)])
             with no_grad():
                 return model(*pool[i % len(pool)])
 
@@ -1009,6 +1029,7 @@ def main() -> None:
 
         def eager(i: int) -> Any:
             assert baseline is not None
+            reseed(pool_names[i % len(eager_pool)])
             with no_grad():
                 return baseline(*eager_pool[i % len(eager_pool)])
 
@@ -1079,6 +1100,7 @@ def main() -> None:
         if late:
             refill(pool[0], sets[late])
             before = custom_calls[0]
+            reseed(late)
             outs = call(pool[0], "late")
             record("late", late, outs, custom_calls=custom_calls[0] - before)
             del outs
@@ -1098,6 +1120,7 @@ def main() -> None:
             started = time.perf_counter()
             for _ in range(repeats):
                 before = custom_calls[0]
+                reseed(prof_set)
                 with record_function(header["call_span"]):
                     if device == "cuda":
                         torch.cuda._sleep(2000)  # a marker kernel on the caller's stream
@@ -1133,6 +1156,7 @@ def main() -> None:
                     else model
                 )
                 xs = to_device(sets[offshape["set"]], device)
+                reseed(offshape["set"])
                 with no_grad():
                     result = model2(*xs)
                 sync()

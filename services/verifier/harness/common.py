@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 
 import turns
 import wire
+from seeds import forward_seed  # noqa: F401 (the runners' name for it)
 
 # A frozen copy of the clock, taken when this module is first imported (before any candidate code).
 _PERF = time.perf_counter
