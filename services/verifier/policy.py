@@ -87,7 +87,8 @@ RULES: tuple[Rule, ...] = (
     Rule("D11.ignores-inputs",     REJECT,   False,   "8",
          "no input data reaches a kernel or the output"),
     Rule("D11.seed",               REJECT,   False,   "15",
-         "seeds RNGs, or generates random tensors at import or on the forward path"),
+         "seeds or reads RNGs (the seed names the call's input set), or generates random tensors at import "
+         "or outside torch on the forward path"),
     Rule("D11.random-draw",        INFO,     False,   "15",
          "draws from torch's generator through ATen (dropout in training mode, randn): how a random "
          "reference's numbers are drawn again; the Verifier seeds every call, the reference's and the "

@@ -72,7 +72,11 @@ _RULE_PARTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "D11.print": ("writes to stdout/stderr", (
         _bare("printf", "puts", "fprintf", "fputs", "perror"), r"\bstd::(?:cout|cerr|clog)\b",
         r"\bTORCH_WARN\w*")),
-    "D11.seed": ("seeds a random generator", (r"\bmanual_seed\s*\(", _bare("srand"))),
+    # Reading the generator's seed or state names the call's input set (the Verifier seeds each set's calls
+    # alike): a cache keyed by it would fake the timed calls.
+    "D11.seed": ("seeds or reads a random generator", (
+        r"\bmanual_seed\s*\(", _bare("srand"), r"\b(?:initial|current)_seed\s*\(", r"\bget_rng_state\s*\(",
+        r"\bgetDefault(?:CPU|CUDA)Generator\b", r"\bphilox_cuda_state\s*\(")),
     "D11.memory-probe": ("direct device memory", (
         r"\bcudaMemGetInfo\b", r"\bcuMemGetInfo\b", r"\bcudaMalloc\w*\s*\(", r"\bcuMemAlloc\w*",
         r"\bCUDACachingAllocator::\w+")),

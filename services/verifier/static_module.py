@@ -271,7 +271,7 @@ class ModuleScan:
             self.hit("D11.gpu-control", f"calls {q}", node)
         if q.startswith(MEMORY_PROBE):
             self.hit("D11.memory-probe", f"calls {q}", node)
-        if q in SEED_CALLS or m == "manual_seed":
+        if q in SEED_CALLS or m in ("manual_seed", "initial_seed", "get_rng_state"):
             self.hit("D11.seed", f"seeds a random generator: {ast.unparse(node.func)[:60]}", node)
         elif self._random(q, m):
             if where == "import":

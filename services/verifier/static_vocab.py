@@ -55,6 +55,9 @@ SEED_CALLS = frozenset(
         "torch.cuda.manual_seed", "torch.cuda.manual_seed_all", "torch.cuda.seed", "torch.cuda.seed_all",
         "random.seed", "numpy.random.seed", "torch.random.set_rng_state", "torch.set_rng_state",
         "torch.cuda.set_rng_state", "torch.cuda.set_rng_state_all", "random.setstate",
+        # Reading the generator names the call's input set (every call on a set is seeded alike).
+        "torch.initial_seed", "torch.random.initial_seed", "torch.cuda.initial_seed", "torch.get_rng_state",
+        "torch.random.get_rng_state", "torch.cuda.get_rng_state", "torch.cuda.get_rng_state_all",
     }
 )  # fmt: skip
 

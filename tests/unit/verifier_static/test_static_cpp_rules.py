@@ -86,6 +86,7 @@ def test_honest_cpu_source_is_clean(run_scan):
         ("namespace { at::Tensor g_last; }\nat::Tensor f(at::Tensor x) { return x; }", "D11.output-cache"),
         ("bool f(at::Tensor x, const void* p) { return x.data_ptr() == p; }", "D11.identity-key"),
         ("void f() { torch::manual_seed(42); }", "D11.seed"),
+        ("uint64_t f() { return at::detail::getDefaultCPUGenerator().current_seed(); }", "D11.seed"),
         ("float f(float v) { return __half2float(__float2half(v)); }", "D11.precision"),
         ("at::Tensor f(at::Tensor x) { return x.to(at::kHalf); }", "D11.precision"),
         ('void f(float* p) { asm volatile("cvt.rna.tf32.f32 %0, %0;" : "+f"(*p)); }', "D11.precision"),

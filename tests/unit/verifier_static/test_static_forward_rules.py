@@ -211,8 +211,13 @@ def test_seeds_and_random_data(run_scan):
     assert "D11.seed" in seeded.rejects, seeded
     at_import = run_scan(module("return ext.op(x)", extra="NOISE = torch.randn(16)"))
     assert "D11.seed" in at_import.rejects
-    in_forward = run_scan(module("return ext.op(x + 0 * torch.randn_like(x))"))
-    assert "D11.seed" in in_forward.rejects
+    # A draw from torch's generator on the forward path is how a random reference's numbers are drawn again
+    # (the Verifier seeds every call alike): reported, and a draw the reference lacks fails the comparison.
+    in_forward = run_scan(module("return ext.op(x, torch.randn_like(x))"))
+    assert "D11.seed" not in in_forward.rejects and "D11.random-draw" in in_forward.rules(), in_forward
+    # Reading the generator's seed names the call's input set: a cache keyed by it would fake timing.
+    peeking = run_scan(module("return ext.op(x, torch.initial_seed())"))
+    assert "D11.seed" in peeking.rejects, peeking
     init = run_scan(module("return ext.op(x, self.w)", "self.w = nn.Parameter(torch.randn(4, 4))"))
     assert init.rejects == set() and "D11.random" in init.warnings, init
 
