@@ -1,7 +1,7 @@
 """Random references and integer targets on a GPU, through the Verifier: the built-in Coder's program for a
-reference that drops out in training mode and draws in forward is accepted on CUDA (torch's fused dropout and
-Philox draws, seeded per input set for the reference and the candidate alike), and its cross-entropy program
-with int64 targets too."""
+reference that draws an LSTM's initial states in forward and drops out in training mode (KernelBench level 3
+35's and level 2 66's kinds) is accepted on CUDA (torch's Philox draws and fused dropout, seeded per input set
+for the reference and the candidate alike), and its cross-entropy program with int64 targets too."""
 
 from __future__ import annotations
 
@@ -28,22 +28,25 @@ import torch.nn as nn
 
 
 class Model(nn.Module):
-    def __init__(self, features, p):
+    def __init__(self, features, hidden, p):
         super().__init__()
-        self.proj = nn.Linear(features, features)
-        self.dropout = nn.Dropout(p)
+        self.lstm = nn.LSTM(features, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, features)
+        self.drop = nn.Dropout(p)
 
     def forward(self, x):
-        noise = torch.randn(x.shape[0], x.shape[1], device=x.device)
-        return torch.softmax(self.dropout(self.proj(x) + noise), dim=1)
+        h0 = torch.randn(1, x.size(0), self.lstm.hidden_size, device=x.device)
+        c0 = torch.randn(1, x.size(0), self.lstm.hidden_size, device=x.device)
+        out, _ = self.lstm(x, (h0, c0))
+        return torch.softmax(self.drop(self.head(out[:, -1, :])), dim=1)
 
 
 def get_inputs():
-    return [torch.rand(256, 1024)]
+    return [torch.rand(64, 32, 128)]
 
 
 def get_init_inputs():
-    return [1024, 0.2]
+    return [128, 256, 0.2]
 """
 
 CROSS_ENTROPY = """import torch
