@@ -449,6 +449,19 @@ def _accounting_findings(
         what = "no custom kernel ran" if ref.device == "cuda" else "the extension did no work"
         findings.add("D6.no-custom-kernel", "REJECT", f"{what} during the profiled forward call", "profile")
         return
+    if not policy.kernel.accepts_library and acc.library_ms > 0:
+        # Under the strict policy a vendor GEMM/convolution (cuBLAS, cuDNN, MKL, oneDNN) is the bottleneck
+        # done by someone else (VERIFIER_THREATS #6), whatever its share: a small problem's custom epilogue
+        # can take as long as the library's GEMM, which a share threshold alone lets through.
+        vendor = next(k for k in acc.kernels if k.origin == "library")
+        findings.add(
+            "D6.library-kernel",
+            "REJECT",
+            f"a vendor library kernel ran under the strict kernel policy: {vendor.name[:80]} "
+            f"({vendor.time_ms:.3f} ms); GEMM and convolution must be the candidate's own kernels "
+            "(the library policy accepts declared calls)",
+            "profile",
+        )
     if policy.library_excluded:
         share = acc.custom_share_outside_library()
         scope = "of the compute time outside the declared library calls"

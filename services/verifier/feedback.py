@@ -24,6 +24,7 @@ HINTS = {
     "D5.aliases-output": "Return a new output tensor on each call; outputs cached across calls are rejected.",
     "D5.stride0": "Materialise the full output; broadcast views of one row are rejected.",
     "D6.low-custom-share": "Move the dominant operation (the largest non-custom kernel) into your kernel.",
+    "D6.library-kernel": "Write the GEMM/convolution as your own kernel (or use the library policy).",
     "D6.no-custom-kernel": "forward must run the extension's kernels on every call.",
     "D6.skipped-work": "Every call must compute from its inputs; results cached by pointer or count fail.",
     "D6.unjoined-stream": "Work on a side stream must be joined to the caller's stream before returning.",

@@ -181,3 +181,34 @@ def test_an_extension_function_named_forward_is_custom_not_a_profiled_call():
     ]
     acc = account(events, TOKEN, "cpu", set())
     assert acc.custom_count == 1 and acc.share("custom") > 0.9
+
+
+def _strict_and_library_findings(acc):  # type: ignore[no-untyped-def]
+    from types import SimpleNamespace
+
+    from stitchcuda.shared.policy import LIBRARY, STRICT, KernelPolicy
+    from stitchcuda.verifier.evaluate import FindingList, _accounting_findings
+
+    out = {}
+    for name in (STRICT, LIBRARY):
+        findings = FindingList([])
+        policy = SimpleNamespace(kernel=KernelPolicy(name), library_excluded=False, min_custom_share=0.5)
+        run = SimpleNamespace(completed=True)
+        _accounting_findings(acc, run, SimpleNamespace(device="cpu"), policy, findings)  # type: ignore[arg-type]
+        out[name] = {f.rule for f in findings.items if f.severity == 3}
+    return out
+
+
+def test_a_library_gemm_under_the_strict_policy_is_rejected_whatever_its_share():
+    # Only the ReLU is custom and it took longer than the GEMM (a small CPU problem): the share passes, the
+    # vendor GEMM does not (VERIFIER_THREATS #6; corpus case bf_load_degenerate).
+    events = [
+        ev("user_annotation", f"{TOKEN}::{CALL_SPAN}", 0, 1000),
+        ev("cpu_op", "aten::mm", 10, 250),
+        ev("user_annotation", f"{TOKEN}::relu_inplace", 300, 300),
+    ]
+    acc = account(events, TOKEN, "cpu", set())
+    assert acc.share("custom") > 0.5
+    found = _strict_and_library_findings(acc)
+    assert "D6.library-kernel" in found["strict"]
+    assert "D6.library-kernel" not in found["library"] and not found["library"]
