@@ -70,7 +70,6 @@ TRI = "tri"  # triu/tril: elements off the kept triangle of the last two dims se
 # ATen call the reference's own code makes, in the reference's order: the Verifier seeds the generator
 # before every call, the reference's and the program's, so both draw the same numbers.
 RANDOM = "random"
-RANDOM_FNS = frozenset({"dropout", "randn", "rand", "randn_like", "rand_like"})
 
 REDUCE_FNS = frozenset({"sum", "mean", "amax", "amin", "prod", "argmax", "argmin"})
 SCAN_FNS = frozenset({"sum", "prod"})

@@ -44,8 +44,10 @@ from stitchcuda.coder.synth.trace import Trace, TracedNode
 
 FLOAT_DTYPES = ("float32",)
 # Inputs the program accepts: float tensors, and boolean masks (read by elementwise ops as 0/1).
+# Tensors elementwise kernels read (boolean masks as 0/1).
+EW_DTYPES = (*FLOAT_DTYPES, "bool")
 # int64 inputs are class indices (cross-entropy targets): only comparisons read them (int_reads).
-INPUT_DTYPES = (*FLOAT_DTYPES, "bool", "int64")
+INPUT_DTYPES = (*EW_DTYPES, "int64")
 # torch constructors of constant tensors lowered in the forward, with their fill value.
 CONSTANT_FILLS = {"ones": 1.0, "zeros": 0.0, "full": None}
 
@@ -193,14 +195,7 @@ class Normalizer:
         spec = EW[fn]
         for a in operands:
             v = self.value(a)
-            allowed = (
-                (*FLOAT_DTYPES, "bool", "int64")
-                if small_ints and spec.result == "bool"
-                else (
-                    *FLOAT_DTYPES,
-                    "bool",
-                )
-            )
+            allowed = (*EW_DTYPES, "int64") if small_ints and spec.result == "bool" else EW_DTYPES
             if v is not None and v.kind == "tensor" and v.dtype not in allowed:
                 raise Unsupported(f"{origin}: elementwise {fn} on a {v.dtype} tensor")
         shape = broadcast_shapes(*[self.shape_of(a) for a in operands if self.is_tensor(a)])

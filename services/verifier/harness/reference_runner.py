@@ -227,8 +227,9 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any, gpu: turn
     keep = {s.get("base") for s in header["sets"]} | set(header["pool"]) | {header["sets"][0]["name"]}
     made: dict[str, list[Any]] = {}
     first_out: list[Any] | None = None
-    # Whether the reference draws random numbers (seeded per set: common.forward_seed).
+    # Whether the reference draws random numbers, and each set's forward seed (common.forward_seed).
     random = [False]
+    forward_seeds: dict[str, int] = {}
     for spec in header["sets"]:
         name = spec["name"]
         essential = spec["kind"] == "plain"
@@ -243,7 +244,7 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any, gpu: turn
         if name in keep or not regen:
             made[name] = items
         lap("inputs")
-        seed = common.forward_seed(spec["seed"])
+        seed = forward_seeds[name] = common.forward_seed(spec["seed"])
         try:
             common.seed_all(seed)
             ref32 = forward(model, items, device, host=not lean)
@@ -321,17 +322,7 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any, gpu: turn
 
     pool = [common.to_device(made[n], device) for n in header["pool"] if n in made]
     # A random reference's timed calls are seeded as its checked ones are, and as the candidate's are.
-    seeds = (
-        [
-            common.forward_seed(s["seed"])
-            for n in header["pool"]
-            if n in made
-            for s in header["sets"]
-            if s["name"] == n
-        ]
-        if random[0]
-        else []
-    )
+    seeds = [forward_seeds[n] for n in header["pool"] if n in made] if random[0] else []
     send(
         {"kind": "cost", **cost(model, made[header["sets"][0]["name"]], first_out or [], param_bytes, device)}
     )
@@ -508,8 +499,8 @@ def time_model(
     import torch
 
     def call(i: int) -> Any:
-        if seeds:
-            common.seed_all(seeds[i % len(seeds)])
+        if seeds:  # torch.manual_seed seeds every device, as the candidate's runner does per call
+            torch.manual_seed(seeds[i % len(seeds)])
         return model(*pool[i % len(pool)])
 
     with torch.no_grad():
