@@ -165,7 +165,9 @@ class Normalizer:
     def node_args(self, node: TracedNode) -> tuple[list[Any], dict[str, Any]]:
         args = [self.arg(node, a, f"args.{i}") for i, a in enumerate(node.args)]
         kwargs = {k: self.arg(node, v, f"kwargs.{k}") for k, v in node.kwargs.items()}
-        for a in [*args, *(v for k, v in kwargs.items() if k not in PLACEMENT_KWARGS)]:
+        # `t.to(x.device)`: a placement given positionally is dropped like one given by keyword.
+        checked = args[:1] if node.target == "to" else args
+        for a in [*checked, *(v for k, v in kwargs.items() if k not in PLACEMENT_KWARGS)]:
             if isinstance(a, Ref) and a.id in self.unavailable:
                 raise Unsupported(f"{node.name}: uses {self.unavailable[a.id]}")
         return args, kwargs

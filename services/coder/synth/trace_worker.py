@@ -338,6 +338,87 @@ def assigned_state(model: torch.nn.Module) -> list[str]:
     ]
 
 
+class KeptStateError(torch.fx.proxy.TraceError):
+    """The forward keeps module state from one call to the next: final, whichever way it is traced."""
+
+
+def plain_tensors(model: torch.nn.Module) -> dict[tuple[str, str], torch.Tensor]:
+    """The model's plain tensor attributes (`self.hidden = torch.randn(...)`: neither parameter nor buffer)."""
+    return {
+        (path, key): value
+        for path, mod in model.named_modules()
+        for key, value in vars(mod).items()
+        if isinstance(value, torch.Tensor)
+    }
+
+
+def restoring_state(trace_fn: Retrace) -> Retrace:
+    """trace_fn, with the plain tensor attributes the traced forward assigned put back afterwards: a trace
+    leaves a Proxy where the forward assigned `self.hidden = ...`, which the next trace must not read."""
+
+    def traced(m: torch.nn.Module) -> torch.fx.GraphModule:
+        saved = plain_tensors(m)
+        try:
+            gm = trace_fn(m)
+        finally:
+            state = assigned_state(m)
+            modules = dict(m.named_modules())
+            for name in state:
+                path, _, key = name.rpartition(".")
+                if (path, key) in saved:
+                    setattr(modules[path], key, saved[(path, key)])
+                else:
+                    delattr(modules[path], key)
+        if state:
+            overwrite_state(gm, {name: saved.get(tuple(name.rpartition(".")[::2])) for name in state})
+        return gm
+
+    return traced
+
+
+def overwrite_state(gm: torch.fx.GraphModule, state: dict[str, torch.Tensor | None]) -> None:
+    """Compile a forward that assigns module state only where that state never carries from one call to the
+    next: each call either never reads the attribute, or first overwrites all of it in place
+    (`self.hidden.copy_(initial_hidden)`, KernelBench's stateful RNN cells), so every later read in the
+    call is the overwriting value. The graph's reads become that value (expanded to the attribute's shape
+    and cast to its dtype, as copy_ does); any other read is state kept across calls and is refused."""
+    nodes = list(gm.graph.nodes)
+    for name, saved in state.items():
+        target = name
+        reads = [n for n in nodes if n.op == "get_attr" and n.target == target]
+        if not reads:
+            continue  # assigned, never read: the state is written and nothing depends on it
+        first = reads[0]
+        copy = next(iter(first.users), None)
+        overwrites = (
+            saved is not None
+            and len(first.users) == 1
+            and copy is not None
+            and copy.op == "call_method"
+            and copy.target == "copy_"
+            and copy.args[0] is first
+            and len(copy.args) >= 2
+            and isinstance(copy.args[1], torch.fx.Node)
+            and all(nodes.index(n) > nodes.index(copy) for n in reads[1:])
+        )
+        if not overwrites:
+            raise KeptStateError(
+                f"the forward assigns self.{name} and reads it before overwriting it: "
+                "state kept from one call to the next is not compiled"
+            )
+        assert saved is not None and copy is not None
+        with gm.graph.inserting_after(copy):
+            expanded = gm.graph.call_method("expand", (copy.args[1], *saved.shape))
+        with gm.graph.inserting_after(expanded):
+            value = gm.graph.call_method("to", (expanded, saved.dtype))
+        for n in [copy, *reads[1:]]:
+            n.replace_all_uses_with(value)
+        for n in [copy, *reads]:
+            gm.graph.erase_node(n)
+    gm.graph.lint()
+    gm.recompile()
+
+
 def fx_trace(
     model: torch.nn.Module, make_inputs: Callable[[], list[Any]]
 ) -> tuple[torch.fx.GraphModule, Retrace, bool]:
@@ -346,15 +427,19 @@ def fx_trace(
     get_inputs() (a forward that reads its input shapes as numbers, loops over them or branches on them)."""
     count = input_count(make_inputs)
 
+    @restoring_state
     def symbolic(m: torch.nn.Module) -> torch.fx.GraphModule:
         gm: torch.fx.GraphModule = symbolic_trace(m, count)
         return gm
 
     try:
         return symbolic(model), symbolic, False
+    except KeptStateError:
+        raise
     except Exception:
         pass
 
+    @restoring_state
     def retrace(m: torch.nn.Module) -> torch.fx.GraphModule:
         torch.manual_seed(1)
         gm: torch.fx.GraphModule = specialized_trace(m, make_inputs)
@@ -380,11 +465,6 @@ def trace(source: str, init_source: str | None) -> dict[str, Any]:
     with place:
         model = ns["Model"](*init_args)
     gm, retrace, specialized = fx_trace(model, make_inputs)
-    state = assigned_state(model)
-    if state:
-        raise torch.fx.proxy.TraceError(
-            f"the forward assigns self.{state[0]}: state kept from one call to the next is not compiled"
-        )
     inputs, recorder = run_shapes(gm, make_inputs)
     result: dict[str, Any] = {
         "ok": True,

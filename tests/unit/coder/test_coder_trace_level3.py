@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -444,8 +445,71 @@ def test_forward_keeping_state_between_calls_is_refused(synth: Synthesizer) -> N
         "def get_inputs():\n    return [torch.randn(3, 4)]\n\n"
         "def get_init_inputs():\n    return []\n"
     )
-    with pytest.raises(TraceError, match=r"assigns self\.hidden: state kept"):
+    with pytest.raises(
+        TraceError, match=r"assigns self\.hidden and reads it before overwriting it: state kept"
+    ):
         synth.synthesize(source, None, variant=Variant(), device="cpu")
+
+
+# KernelBench's stateful RNN cell (level 3 problem 33's kind): the state attribute is overwritten in place by
+# an input before it is read, so no value carries from one call to the next.
+OVERWRITTEN_STATE = HEADER + (
+    "class Model(nn.Module):\n"
+    "    def __init__(self, n, h):\n"
+    "        super().__init__()\n"
+    "        self.hidden = torch.randn((3, h))\n"
+    "        self.i2h = nn.Linear(n + h, h)\n"
+    "        self.h2o = nn.Linear(h, 5)\n\n"
+    "    def forward(self, x, initial_hidden=None):\n"
+    "        if initial_hidden is not None:\n"
+    "            self.hidden.copy_(initial_hidden)\n"
+    "        self.hidden = self.hidden.to(x.device)\n"
+    "        combined = torch.cat((x, self.hidden), dim=1)\n"
+    "        self.hidden = torch.tanh(self.i2h(combined))\n"
+    "        return self.h2o(self.hidden)\n\n"
+    "def get_inputs():\n    return [torch.rand(3, 6), torch.rand(1, 7)]\n\n"
+    "def get_init_inputs():\n    return [6, 7]\n"
+)
+
+
+def test_state_overwritten_before_it_is_read_comes_out_and_matches(synth: Synthesizer) -> None:
+    trace = synth.trace(OVERWRITTEN_STATE)
+    assert not any(n.op == "get_attr" and n.target == "hidden" for n in trace.nodes)
+    for policy in (LIBRARY, STRICT):
+        validate(
+            to_candidate(
+                synth.synthesize(
+                    OVERWRITTEN_STATE, None, variant=Variant(), device="cuda", policy=KernelPolicy(policy)
+                )
+            )
+        )
+    synthesis = synth.synthesize(OVERWRITTEN_STATE, None, variant=Variant(), device="cpu")
+    mn = load_program(synthesis)
+    ns: dict[str, Any] = {"__name__": "reference"}
+    exec(compile(OVERWRITTEN_STATE, "reference.py", "exec"), ns)
+    torch.manual_seed(0)
+    ref = ns["Model"](6, 7)
+    torch.manual_seed(0)
+    new = mn["ModelNew"](6, 7)
+    for _ in range(2):  # the reference's second call starts from the first call's state, then overwrites it
+        x, h0 = torch.rand(3, 6), torch.rand(1, 7)  # h0 broadcast over the batch, as copy_ does
+        torch.testing.assert_close(new(x, h0), ref(x, h0), rtol=1e-5, atol=1e-5)
+
+
+def test_state_assigned_and_never_read_is_no_state(synth: Synthesizer) -> None:
+    source = HEADER + (
+        "class Model(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.proj = nn.Linear(4, 4)\n\n"
+        "    def forward(self, x):\n"
+        "        self.last = torch.relu(self.proj(x))\n"
+        "        return self.last * 2.0\n\n"
+        "def get_inputs():\n    return [torch.randn(3, 4)]\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    synthesis = synth.synthesize(source, None, variant=Variant(), device="cpu")
+    assert "ext.forward(x" in synthesis.files["model_new.py"]
 
 
 def test_tensor_made_from_constants_in_a_specialised_forward_is_refused(synth: Synthesizer) -> None:
