@@ -343,7 +343,7 @@ class KeptStateError(torch.fx.proxy.TraceError):
 
 
 def plain_tensors(model: torch.nn.Module) -> dict[tuple[str, str], torch.Tensor]:
-    """The model's plain tensor attributes (`self.hidden = torch.randn(...)`): neither parameters nor buffers."""
+    """The model's plain tensor attributes, neither parameters nor buffers."""
     return {
         (path, key): value
         for path, mod in model.named_modules()
