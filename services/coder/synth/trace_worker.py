@@ -352,6 +352,12 @@ def plain_tensors(model: torch.nn.Module) -> dict[tuple[str, str], torch.Tensor]
     }
 
 
+def split_name(name: str) -> tuple[str, str]:
+    """`block.cell.hidden` as (module path, attribute)."""
+    path, _, key = name.rpartition(".")
+    return path, key
+
+
 def restoring_state(trace_fn: Retrace) -> Retrace:
     """trace_fn, with the plain tensor attributes the traced forward assigned put back afterwards: a trace
     leaves a Proxy where the forward assigned `self.hidden = ...`, which the next trace must not read."""
@@ -364,13 +370,13 @@ def restoring_state(trace_fn: Retrace) -> Retrace:
             state = assigned_state(m)
             modules = dict(m.named_modules())
             for name in state:
-                path, _, key = name.rpartition(".")
+                path, key = split_name(name)
                 if (path, key) in saved:
                     setattr(modules[path], key, saved[(path, key)])
                 else:
                     delattr(modules[path], key)
         if state:
-            overwrite_state(gm, {name: saved.get(tuple(name.rpartition(".")[::2])) for name in state})
+            overwrite_state(gm, {name: saved.get(split_name(name)) for name in state})
         return gm
 
     return traced
