@@ -572,6 +572,8 @@ class Host:
             return f"{src}.{fn}({tensor_var(args[0].id)})"
         if fn == "narrow":
             return f"{src}.narrow({s(args[0])}, {s(args[1])}, {s(args[2])})"
+        if fn == "unfold":
+            return f"{src}.unfold({s(args[0])}, {s(args[1])}, {s(args[2])})"
         if fn == "select":
             return f"{src}.select({s(args[0])}, {s(args[1])})"
         if fn == "index":

@@ -1625,6 +1625,19 @@ class Normalizer:
             Op(VIEW, fn, node.name, [args[0]], {"args": args[1:], "kwargs": kwargs}, origin=node.name)
         )
 
+    def fn_unfold(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        """Tensor.unfold(dim, size, step), the sliding-window view (patches of an image); F.unfold, the
+        im2col copy, is another operation."""
+        if node.op != "call_method" and node.target != "torch.Tensor.unfold":
+            raise Unsupported(f"{node.name}: {node.target} (im2col) has no lowering")
+        given = [
+            *args[1:],
+            *(kwargs[k] for k in ("dimension", "size", "step")[len(args) - 1 :] if k in kwargs),
+        ]
+        if len(given) != 3 or not all(isinstance(v, Const) for v in given):
+            raise Unsupported(f"{node.name}: unfold with sizes read at run time")
+        return self._view(node, "unfold", [args[0], *given], {})
+
     def fn_chunk(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> None:
         self._list_view(node, "chunk", args, kwargs)
 

@@ -30,6 +30,27 @@ CONSTRUCTORS = ("ones", "zeros", "full", "arange", "eye", "randn", "rand")
 PYTHON_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
 
 
+# torch.nn containers traced through rather than kept as leaf calls: their forwards are made of modules and
+# functions the Coder lowers (MultiheadAttention, Linear, LayerNorm, activations, dropout), and their
+# fast-path checks read shapes and flags, which the specialised trace answers.
+TRACED_THROUGH = frozenset(
+    {
+        "TransformerEncoderLayer",
+        "TransformerDecoderLayer",
+        "TransformerEncoder",
+        "TransformerDecoder",
+        "Transformer",
+    }
+)
+
+
+def is_leaf(m: torch.nn.Module, path: str) -> bool:
+    """torch.fx's leaf rule (torch.nn modules are leaves), less the containers traced through."""
+    if type(m).__name__ in TRACED_THROUGH and type(m).__module__.startswith("torch.nn"):
+        return False
+    return bool(torch.fx.Tracer().is_leaf_module(m, path))
+
+
 class DataDependent(torch.fx.proxy.TraceError):
     """The forward needs the values of a tensor (not only its shape) while it is traced."""
 
@@ -81,6 +102,23 @@ class ShapeProxy(torch.fx.Proxy):
     @property
     def is_cuda(self) -> bool:
         return self.tracer.device.type == "cuda"
+
+    # Flags torch.nn's fast-path checks read (TransformerEncoderLayer): answered, not recorded.
+    @property
+    def is_nested(self) -> bool:
+        return self._tensor().is_nested
+
+    @property
+    def requires_grad(self) -> bool:
+        return self._tensor().requires_grad
+
+    @property
+    def is_sparse(self) -> bool:
+        return self._tensor().is_sparse
+
+    @property
+    def layout(self) -> torch.layout:
+        return self._tensor().layout
 
     def __len__(self) -> int:
         value = self.tracer.value_of(self)
@@ -147,6 +185,9 @@ class ShapeTracer(torch.fx.Tracer):
         return Unknown(f"{kind} {target}")
 
     # ---- fx hooks --------------------------------------------------------------------------------
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        return is_leaf(m, module_qualified_name)
+
     def create_proxy(
         self,
         kind: str,
@@ -271,10 +312,17 @@ def specialized_trace(model: torch.nn.Module, make_inputs: Callable[[], list[Any
     return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
 
 
+class SymbolicTracer(torch.fx.Tracer):
+    """torch.fx's tracer with the specialised trace's leaf rule."""
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        return is_leaf(m, module_qualified_name)
+
+
 def symbolic_trace(model: torch.nn.Module, count: int) -> torch.fx.GraphModule:
     """torch.fx's symbolic trace of a forward given `count` inputs: the arguments it leaves out are bound
     to their defaults, so `if h0 is None:` takes the branch the reference takes (not a proxy's)."""
-    tracer = torch.fx.Tracer()
+    tracer = SymbolicTracer()
     graph = tracer.trace(model, concrete_args=defaults_left_out(model, count) or None)
     drop_defaulted(graph, count)
     return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)

@@ -26,11 +26,11 @@ from torch.fx.node import Node
 
 if TYPE_CHECKING or __package__:  # imported by the synthesizer (tests that trace in process)
     from stitchcuda.coder.synth.init_check import LARGE_MODEL_BYTES, compare_constructors, state_bytes
-    from stitchcuda.coder.synth.shape_trace import specialized_trace, symbolic_trace
+    from stitchcuda.coder.synth.shape_trace import is_leaf, specialized_trace, symbolic_trace
 else:  # a script in the tracing sandbox, where only this folder is visible
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from init_check import LARGE_MODEL_BYTES, compare_constructors, state_bytes
-    from shape_trace import specialized_trace, symbolic_trace
+    from shape_trace import is_leaf, specialized_trace, symbolic_trace
 
 Retrace = Callable[[torch.nn.Module], torch.fx.GraphModule]
 MISSING_MODULE_HINTS = {
@@ -211,8 +211,7 @@ def probed_modules(model: torch.nn.Module, specialized: bool) -> list[tuple[str,
     costs a whole fake run): their attributes reach the graph as module information, and the ones that
     size their parameters are checked by the program's shape guards, so only the other modules are probed.
     """
-    leaf = torch.fx.Tracer().is_leaf_module
-    return [(path, m) for path, m in model.named_modules() if not (specialized and leaf(m, path))]
+    return [(path, m) for path, m in model.named_modules() if not (specialized and is_leaf(m, path))]
 
 
 def baked_ints(

@@ -522,3 +522,65 @@ def test_tensor_made_from_constants_in_a_specialised_forward_is_refused(synth: S
     )
     with pytest.raises(TraceError, match="neither an input, a parameter nor a registered buffer"):
         synth.synthesize(source, None, variant=Variant(), device="cpu")
+
+
+# Vision transformers (KernelBench level 3's ViT kinds): patches cut by Tensor.unfold, a class token, torch.nn's
+# TransformerEncoder (sequence first) / TransformerEncoderLayer (batch first, pre-norm, GELU) and a
+# TransformerDecoderLayer, traced through to the attention, LayerNorm, Linear and activations they are made of.
+VIT = HEADER + (
+    "class Model(nn.Module):\n"
+    "    def __init__(self, p, dim, heads):\n"
+    "        super().__init__()\n"
+    "        self.p = p\n"
+    "        self.embed = nn.Linear(3 * p * p, dim)\n"
+    "        self.cls = nn.Parameter(torch.randn(1, 1, dim))\n"
+    "        self.pos = nn.Parameter(torch.randn(1, 5, dim))\n"
+    "        self.encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0), 2)\n"
+    "        self.pre = nn.TransformerEncoderLayer(dim, heads, 3 * dim, dropout=0.0, activation='gelu',\n"
+    "                                              batch_first=True, norm_first=True)\n"
+    "        self.dec = nn.TransformerDecoderLayer(dim, heads, 2 * dim, dropout=0.0, batch_first=True)\n"
+    "        self.head = nn.Linear(dim, 3)\n\n"
+    "    def forward(self, img):\n"
+    "        p = self.p\n"
+    "        x = img.unfold(2, p, p).unfold(3, p, p).reshape(img.shape[0], -1, p * p * img.shape[1])\n"
+    "        x = torch.cat((self.cls.expand(img.shape[0], -1, -1), self.embed(x)), dim=1) + self.pos\n"
+    "        x = self.encoder(x.transpose(0, 1)).transpose(0, 1)\n"
+    "        x = self.pre(x)\n"
+    "        x = self.dec(x, x[:, 1:])\n"
+    "        return self.head(x[:, 0])\n\n"
+    "def get_inputs():\n    return [torch.rand(2, 3, 8, 8)]\n\n"
+    "def get_init_inputs():\n    return [4, 16, 4]\n"
+)
+
+
+def test_vision_transformer_with_torch_transformer_layers_matches(synth: Synthesizer) -> None:
+    for policy in (LIBRARY, STRICT):
+        validate(
+            to_candidate(
+                synth.synthesize(VIT, None, variant=Variant(), device="cuda", policy=KernelPolicy(policy))
+            )
+        )
+    synthesis = synth.synthesize(VIT, None, variant=Variant(), device="cpu")
+    host = synthesis.files["forward.cpp"]
+    assert ".unfold(2, 4, 4)" in host and "at::multi_head_attention" not in host
+    mn = load_program(synthesis)
+    ns: dict[str, Any] = {"__name__": "reference"}
+    exec(compile(VIT, "reference.py", "exec"), ns)
+    torch.manual_seed(0)
+    ref = ns["Model"](4, 16, 4)
+    torch.manual_seed(0)
+    new = mn["ModelNew"](4, 16, 4)
+    img = torch.rand(2, 3, 8, 8)
+    torch.testing.assert_close(new(img), ref(img), rtol=1e-4, atol=1e-4)
+
+
+def test_functional_unfold_is_refused_by_name(synth: Synthesizer) -> None:
+    source = HEADER + (
+        "class Model(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return F.unfold(x, kernel_size=2)\n\n"
+        "def get_inputs():\n    return [torch.randn(1, 2, 4, 4)]\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    with pytest.raises(Unsupported, match=r"im2col"):
+        synth.synthesize(source, None, variant=Variant(), device="cpu")
