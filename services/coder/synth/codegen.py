@@ -681,6 +681,9 @@ class Host:
         if fn == "cat":
             self.helpers.add("cat")
             return f"stitch_cat({{{', '.join(t)}}}, {at['dim']})"
+        if fn == "index":
+            self.helpers.add("index")
+            return f"stitch_index({t[0]}, {at['dim']}, {t[1]})"
         raise Unsupported(f"{op.origin}: library call {fn}")
 
     def rnn_expr(self, op: Op) -> str:

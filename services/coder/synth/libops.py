@@ -304,6 +304,80 @@ __CAT_PRELUDE__  int64_t offset = 0;
 """.replace("__CAT_PRELUDE__", _CAT_PRELUDE)
 
 
+# ---- indexing by an int64 tensor: index_select, embedding, x[index] ----------------------------------------
+_INDEX_PRELUDE = r"""  if (dim < 0) dim += src.dim();
+  TORCH_CHECK(dim >= 0 && dim < src.dim(), "index: dim out of range");
+  TORCH_CHECK(index.scalar_type() == at::kLong, "index: the index must be int64");
+  const at::Tensor s = src.contiguous();
+  const at::Tensor idx = index.contiguous();
+  std::vector<int64_t> sizes(s.sizes().begin(), s.sizes().begin() + dim);
+  for (int64_t d : idx.sizes()) sizes.push_back(d);
+  for (int64_t d = dim + 1; d < s.dim(); ++d) sizes.push_back(s.size(d));
+  at::Tensor out = at::empty(sizes, s.options());
+  int64_t rows = 1, inner = 1;
+  for (int64_t d = 0; d < dim; ++d) rows *= s.size(d);
+  for (int64_t d = dim + 1; d < s.dim(); ++d) inner *= s.size(d);
+  const int64_t picks = idx.numel(), extent = s.size(dim);
+"""
+
+INDEX_CPU = r"""
+// src's slices along dim picked by an int64 index of any shape (index_select, embedding, x[index]):
+// out = src.sizes[:dim] + index.sizes + src.sizes[dim+1:]. An index out of range is an error, as in torch.
+static at::Tensor stitch_index(const at::Tensor& src, int64_t dim, const at::Tensor& index) {
+__INDEX_PRELUDE__  const int64_t* ix = idx.data_ptr<int64_t>();
+  for (int64_t j = 0; j < picks; ++j)
+    TORCH_CHECK(ix[j] >= -extent && ix[j] < extent, "index ", ix[j], " is out of range for size ", extent);
+  const float* in = s.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, rows * picks, 16, [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o) {
+      const int64_t r = o / picks, j = o - r * picks;
+      const int64_t at_ = ix[j] < 0 ? ix[j] + extent : ix[j];
+      std::copy(in + (r * extent + at_) * inner, in + (r * extent + at_ + 1) * inner, dst + o * inner);
+    }
+  });
+  return out;
+}
+""".replace("__INDEX_PRELUDE__", _INDEX_PRELUDE)
+
+INDEX_CUDA = r"""
+// out[r, j, c] = src[r, index[j], c]. An index out of range writes NaN (a kernel cannot raise): the
+// Verifier's comparison then fails the program rather than reading outside the tensor.
+__global__ void __launch_bounds__(256) stitch_index_kernel(const float* __restrict__ src,
+    const int64_t* __restrict__ index, float* __restrict__ dst, int64_t picks, int64_t extent,
+    int64_t inner, int64_t total) {
+  for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;
+       o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = o % inner, rj = o / inner;
+    const int64_t r = rj / picks, j = rj - r * picks;
+    int64_t at_ = index[j];
+    if (at_ < 0) at_ += extent;
+    dst[o] = (at_ >= 0 && at_ < extent) ? src[(r * extent + at_) * inner + c] : __int_as_float(0x7fc00000);
+  }
+}
+
+static void stitch_index_launch(const float* src, const int64_t* index, float* dst, int64_t rows,
+    int64_t picks, int64_t extent, int64_t inner) {
+  const int64_t total = rows * picks * inner;
+  if (total == 0) return;
+  const int64_t blocks = std::min<int64_t>((total + 255) / 256, static_cast<int64_t>(sm_count()) * 8);
+  stitch_index_kernel<<<blocks, 256, 0, stitch::current_stream()>>>(src, index, dst, picks, extent, inner,
+                                                                    total);
+  STITCH_LAUNCH_CHECK();
+}
+"""
+
+INDEX_CUDA_HOST = r"""
+// src's slices along dim picked by an int64 index of any shape (index_select, embedding, x[index]).
+static at::Tensor stitch_index(const at::Tensor& src, int64_t dim, const at::Tensor& index) {
+__INDEX_PRELUDE__  TORCH_CHECK(idx.device() == s.device(), "index: the index is on another device");
+  stitch_index_launch(s.data_ptr<float>(), idx.data_ptr<int64_t>(), out.data_ptr<float>(), rows, picks,
+                      extent, inner);
+  return out;
+}
+""".replace("__INDEX_PRELUDE__", _INDEX_PRELUDE)
+
+
 def helper_source(helpers: set[str], backend: str) -> str:
     """The helper functions a program's host code calls, in dependency order (one translation unit: CPU)."""
     return "\n".join([device_source(helpers, backend), host_source(helpers, backend)]).strip("\n")
@@ -320,6 +394,8 @@ def device_source(helpers: set[str], backend: str) -> str:
         parts.append(CAUSAL_CUDA)
     if "cat" in helpers and backend == "cuda":
         parts.append(CAT_CUDA)
+    if "index" in helpers and backend == "cuda":
+        parts.append(INDEX_CUDA)
     parts.append(scans.device_source(helpers, backend))
     return "\n".join(p for p in parts if p)
 
@@ -339,5 +415,7 @@ def host_source(helpers: set[str], backend: str) -> str:
         parts.append(CAUSAL_CUDA_HOST if backend == "cuda" else CAUSAL_CPU)
     if "cat" in helpers:
         parts.append(CAT_CUDA_HOST if backend == "cuda" else CAT_CPU)
+    if "index" in helpers:
+        parts.append(INDEX_CUDA_HOST if backend == "cuda" else INDEX_CPU)
     parts.append(scans.host_source(helpers, backend))
     return "\n".join(p for p in parts if p)

@@ -295,17 +295,22 @@ class Normalizer:
         return self.g
 
     def check_int_reads(self) -> None:
-        """An int64 tensor (an input of class indices) is read only by views and by the comparisons a
-        lowering made knowing its values are small integers, exact in float32: torch's integer arithmetic
-        (division, overflow) is not what the float kernels compute."""
+        """An int64 tensor (an input of class indices, an index buffer) is read only by views, indexing, and
+        the comparisons a lowering made knowing its values are small integers, exact in float32: torch's
+        integer arithmetic (division, overflow) is not what the float kernels compute."""
         for op in self.g.ops:
             if op.kind in (VIEW, HOST) or op.out in self.int_reads:
                 continue
             for ident in op.refs():
                 v = self.g.values[ident]
-                if v.kind == "tensor" and v.dtype == "int64" and self.g.producer[ident].kind in (INPUT, VIEW):
+                if (
+                    v.kind == "tensor"
+                    and v.dtype == "int64"
+                    and self.g.producer[ident].kind in (INPUT, PARAM, VIEW)
+                ):
                     raise Unsupported(
-                        f"{op.origin}: {op.fn} of an int64 tensor (integer inputs are class indices)"
+                        f"{op.origin}: {op.fn} of an int64 tensor (integer tensors are class indices and "
+                        "indices, read only by comparisons and indexing)"
                     )
 
     def guard_shapes(self) -> None:
@@ -338,7 +343,7 @@ class Normalizer:
             v = self.meta_value(node.name, node.meta)
             if v.kind != "tensor":
                 raise Unsupported(f"{node.name}: attribute {node.target} is not a tensor")
-            if v.dtype not in FLOAT_DTYPES:
+            if v.dtype not in FLOAT_DTYPES and v.dtype != "int64":  # int64: an index buffer (check_int_reads)
                 raise Unsupported(f"{node.name}: attribute {node.target} has dtype {v.dtype}")
             self.g.add_value(v)
             self.g.add_op(Op(PARAM, "param", node.name, attrs={"path": node.target}, origin=node.name))
@@ -363,6 +368,10 @@ class Normalizer:
         name = short_name(node.target) if node.op == "call_function" else node.target
         if name.endswith("_") and not name.startswith("_") and name[:-1] in EW:
             name = name[:-1]
+        if node.op == "call_function" and not args and "input" in kwargs:
+            # F.linear(input=x, weight=w): the tensor operand by keyword, where every lowering reads it first.
+            kwargs = dict(kwargs)
+            args = [kwargs.pop("input")]
         self.lower_call(node, name, args, kwargs)
 
     # ---- calls -----------------------------------------------------------------------------------
@@ -596,6 +605,16 @@ class Normalizer:
             raise Unsupported(f"{node.name}: indexing a {src.kind}")
         meta = self.meta_value(node.name, node.meta)
         index = args[1] if isinstance(args[1], list) else [args[1]]
+        tensors = [i for i, item in enumerate(index) if self.is_tensor(item)]
+        if tensors:
+            # x[idx], x[:, idx]: an int64 index tensor after full slices only picks slices along one dim.
+            at = tensors[0]
+            full = all(item == ("slice", None, None, None) for item in index[:at])
+            if len(tensors) > 1 or at != len(index) - 1 or not full:
+                raise Unsupported(
+                    f"{node.name}: tensor indexing other than one index tensor after full slices"
+                )
+            return self.index_pick(node, args[0], at, index[at])
         for item in index:
             dynamic = isinstance(item, Ref) or (
                 isinstance(item, tuple) and any(isinstance(x, Ref) for x in item)
@@ -603,6 +622,42 @@ class Normalizer:
             if dynamic and not (isinstance(item, Ref) and self.g.values[item.id].kind == "int"):
                 raise Unsupported(f"{node.name}: tensor indexing with tensors")
         return self.view_op("index", args[0], {"index": index}, meta.shape, node.name)
+
+    def index_pick(self, node: TracedNode, src: Ref, dim: int, index: Ref) -> Ref:
+        """src's slices along `dim` picked by an int64 index of any shape (index_select, embedding,
+        x[index]): the synthesizer's own gather kernel (libops.py stitch_index)."""
+        sv, iv = self.g.values[src.id], self.g.values[index.id]
+        if iv.dtype != "int64":
+            what = (
+                "a boolean mask (its result's shape depends on the data)" if iv.dtype == "bool" else iv.dtype
+            )
+            raise Unsupported(f"{node.name}: indexing with {what}")
+        if sv.dtype not in FLOAT_DTYPES or not sv.shape:
+            raise Unsupported(f"{node.name}: indexing a {sv.dtype} tensor of shape {list(sv.shape)}")
+        d = dim % len(sv.shape)
+        shape = sv.shape[:d] + iv.shape + sv.shape[d + 1 :]
+        ident = self.own_id(node)
+        self.g.add_value(Value(ident, "tensor", shape, contiguous_strides(shape), sv.dtype))
+        self.g.add_op(Op(LIB, "index", ident, [src, index], {"dim": d}, origin=node.name))
+        self.int_reads.add(ident)
+        return Ref(ident)
+
+    def fn_index_select(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        index = args[2] if len(args) > 2 else kwargs.get("index")
+        if not isinstance(dim, Const) or not isinstance(index, Ref) or len(self.shape_of(index)) > 1:
+            raise Unsupported(f"{node.name}: index_select needs a constant dim and a 1-D index tensor")
+        return self.index_pick(node, args[0], int(dim.value), index)
+
+    def fn_embedding(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        """F.embedding(ids, weight): weight's rows picked by ids (padding_idx only changes gradients)."""
+        weight = args[1] if len(args) > 1 else kwargs.get("weight")
+        max_norm = args[3] if len(args) > 3 else kwargs.get("max_norm")
+        if max_norm is not None and not (isinstance(max_norm, Const) and max_norm.value is None):
+            raise Unsupported(f"{node.name}: embedding with max_norm (it renormalises the weight in place)")
+        if not isinstance(weight, Ref):
+            raise Unsupported(f"{node.name}: embedding without a weight tensor")
+        return self.index_pick(node, weight, 0, args[0])
 
     # Elementwise with special argument handling.
     def fn_add(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
@@ -1720,6 +1775,14 @@ class Normalizer:
             w = self.module_param(node, "weight")
             assert w is not None
             self.define(node, self.linear(node, x, w, self.module_param(node, "bias")))
+            return
+        if cls == "Embedding":
+            w = self.module_param(node, "weight")
+            if w is None or a.get("max_norm") is not None:
+                raise Unsupported(
+                    f"{node.name}: Embedding with max_norm (it renormalises the weight in place)"
+                )
+            self.define(node, self.index_pick(node, w, 0, x))
             return
         if cls in ("Conv1d", "Conv2d", "Conv3d"):
             if a.get("padding_mode", "zeros") != "zeros":

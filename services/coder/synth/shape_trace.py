@@ -313,7 +313,11 @@ def specialized_trace(model: torch.nn.Module, make_inputs: Callable[[], list[Any
 
 
 class SymbolicTracer(torch.fx.Tracer):
-    """torch.fx's tracer with the specialised trace's leaf rule."""
+    """torch.fx's tracer with the specialised trace's leaf rule. A buffer is read as a graph attribute, so
+    work on it in the forward (`self.index.view(-1)`) is recorded rather than computed once while tracing
+    and baked into the graph as a constant the program does not have."""
+
+    proxy_buffer_attributes = True
 
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         return is_leaf(m, module_qualified_name)

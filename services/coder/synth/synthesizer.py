@@ -141,7 +141,11 @@ class Synthesizer:
         # Scans, flips and triangles are host steps that launch the synthesizer's own kernels (scans.py).
         ordered = [s.op for s in program.steps if s.op is not None and s.op.kind in (SCAN, FLIP, TRI)]
         summary += [f"{op.out}: {op.kind} over {op.origin}" for op in ordered]
-        library = [s.op.fn for s in program.steps if s.op is not None and s.op.kind == "lib"]
+        library = [
+            s.op.fn
+            for s in program.steps
+            if s.op is not None and s.op.kind == "lib" and s.op.fn not in OWN_HELPERS
+        ]
         try:
             libraries = library_families(library, variant, policy)
         except Unsupported:
@@ -191,6 +195,9 @@ def within_policy(variant: Variant, policy: KernelPolicy) -> Variant:
     return variant if policy.accepts_library else variant.with_(gemm="custom")
 
 
+# Library-call steps that the synthesizer's own helper kernels carry out (libops.py): no library is called,
+# so they neither need a policy's library families nor turn a program's GEMMs into custom kernels.
+OWN_HELPERS = frozenset({"cat", "index"})
 # Library steps of a program -> the ATen op its code calls (the family follows from the policy's table).
 _LIBRARY_OP = {"lstm": "addmm", "gru": "addmm", "sdpa": "scaled_dot_product_attention"}
 
