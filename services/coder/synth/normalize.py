@@ -366,13 +366,18 @@ class Normalizer:
             self.lower_module(node, args, kwargs)
             return
         name = short_name(node.target) if node.op == "call_function" else node.target
-        if name.endswith("_") and not name.startswith("_") and name[:-1] in EW:
+        in_place = name.endswith("_") and not name.startswith("_") and name[:-1] in EW
+        if in_place:
             name = name[:-1]
         if node.op == "call_function" and not args and "input" in kwargs:
             # F.linear(input=x, weight=w): the tensor operand by keyword, where every lowering reads it first.
             kwargs = dict(kwargs)
             args = [kwargs.pop("input")]
         self.lower_call(node, name, args, kwargs)
+        target = node.args[0] if node.args else None
+        if in_place and node.op == "call_method" and isinstance(target, dict) and "node" in target:
+            # `t.floor_()` as a statement: t's later readers see the new value, as in torch.
+            self.alias[target["node"]] = self.alias.get(node.name, node.name)
 
     # ---- calls -----------------------------------------------------------------------------------
     def lower_call(self, node: TracedNode, name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
@@ -455,6 +460,9 @@ class Normalizer:
         attr = args[1]
         if attr == "shape":
             self.host_from_tensor(node, "size", [args[0]])
+            return None
+        if attr == "ndim":
+            self.host_from_tensor(node, "dim", [args[0]])
             return None
         if attr in ("T", "mT"):
             return self._view(node, "transpose", [args[0], Const(-2), Const(-1)], {})

@@ -424,6 +424,18 @@ def overwrite_state(gm: torch.fx.GraphModule, state: dict[str, torch.Tensor | No
     gm.recompile()
 
 
+def builds_shape_tuples(gm: torch.fx.GraphModule) -> bool:
+    """Does the forward build shapes by tuple arithmetic (`(x.shape[0],) + (1,) * (x.ndim - 1)`, timm's
+    drop_path)? The program's host code has no tuples: such a forward is traced specialised instead, where
+    those shapes are numbers."""
+    return any(
+        n.op == "call_function"
+        and n.target in (operator.add, operator.mul)
+        and any(isinstance(a, tuple | list) for a in n.args)
+        for n in gm.graph.nodes
+    )
+
+
 def fx_trace(
     model: torch.nn.Module, make_inputs: Callable[[], list[Any]]
 ) -> tuple[torch.fx.GraphModule, Retrace, bool]:
@@ -438,7 +450,9 @@ def fx_trace(
         return gm
 
     try:
-        return symbolic(model), symbolic, False
+        gm = symbolic(model)
+        if not builds_shape_tuples(gm):
+            return gm, symbolic, False
     except KeptStateError:
         raise
     except Exception:

@@ -584,3 +584,45 @@ def test_functional_unfold_is_refused_by_name(synth: Synthesizer) -> None:
     )
     with pytest.raises(Unsupported, match=r"im2col"):
         synth.synthesize(source, None, variant=Variant(), device="cpu")
+
+
+# Stochastic depth as timm writes it (Swin, ConvNeXt): a per-sample keep mask drawn in the forward, its shape
+# built by tuple arithmetic, floored in place.
+DROP_PATH = HEADER + (
+    "def drop_path(x, drop_prob=0.0, training=False):\n"
+    "    if drop_prob == 0.0 or not training:\n"
+    "        return x\n"
+    "    keep_prob = 1 - drop_prob\n"
+    "    shape = (x.shape[0],) + (1,) * (x.ndim - 1)\n"
+    "    random_tensor = keep_prob + torch.rand(shape, dtype=x.dtype, device=x.device)\n"
+    "    random_tensor.floor_()\n"
+    "    return x.div(keep_prob) * random_tensor\n\n"
+    "class Model(nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.fc = nn.Linear(8, 8)\n\n"
+    "    def forward(self, x):\n"
+    "        return x + drop_path(self.fc(x), 0.5, self.training)\n\n"
+    "def get_inputs():\n    return [torch.rand(16, 4, 8)]\n\n"
+    "def get_init_inputs():\n    return []\n"
+)
+
+
+def test_stochastic_depth_draws_what_the_reference_draws(synth: Synthesizer) -> None:
+    synthesis = synth.synthesize(DROP_PATH, None, variant=Variant(), device="cpu")
+    mn = load_program(synthesis)
+    ns: dict[str, Any] = {"__name__": "reference"}
+    exec(compile(DROP_PATH, "reference.py", "exec"), ns)
+    torch.manual_seed(0)
+    ref = ns["Model"]()
+    torch.manual_seed(0)
+    new = mn["ModelNew"]()
+    x = torch.rand(16, 4, 8)
+    for seed in (5, 6):
+        torch.manual_seed(seed)
+        want = ref(x)
+        torch.manual_seed(seed)
+        got = new(x)
+        dropped = int(((want - x).abs().amax(dim=(1, 2)) == 0).sum())
+        assert 0 < dropped < 16  # some samples dropped, some kept: the in-place floor_ took effect
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
