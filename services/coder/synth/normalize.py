@@ -624,11 +624,16 @@ class Normalizer:
                 )
             return self.index_pick(node, args[0], at, index[at])
         for item in index:
-            dynamic = isinstance(item, Ref) or (
-                isinstance(item, tuple) and any(isinstance(x, Ref) for x in item)
+            # Host integers (x[:, :T] with T = x.size(1)) are read at run time; anything else is refused.
+            refs = (
+                [item]
+                if isinstance(item, Ref)
+                else [x for x in item if isinstance(x, Ref)]
+                if isinstance(item, tuple)
+                else []
             )
-            if dynamic and not (isinstance(item, Ref) and self.g.values[item.id].kind == "int"):
-                raise Unsupported(f"{node.name}: tensor indexing with tensors")
+            if any(self.g.values[r.id].kind != "int" for r in refs):
+                raise Unsupported(f"{node.name}: indexing with a {self.g.values[refs[0].id].kind} value")
         return self.view_op("index", args[0], {"index": index}, meta.shape, node.name)
 
     def index_pick(self, node: TracedNode, src: Ref, dim: int, index: Ref) -> Ref:

@@ -26,7 +26,8 @@ from stitchcuda.shared.policy import LIBRARY, STRICT, KernelPolicy
 
 HEADER = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
 
-# A causal self-attention whose mask buffer is longer than the sequence: sliced by T = x.size(1).
+# A causal self-attention whose mask buffer is longer than the sequence: sliced by T = x.size(1), read at run
+# time (the symbolic trace holds buffers as graph attributes).
 CAUSAL = (
     HEADER
     + """class Model(nn.Module):
@@ -53,6 +54,10 @@ def get_inputs():
 def get_init_inputs():
     return [8, 2, 7]
 """
+)
+# The same forward asserting on the sequence length: an assertion on a shape is traced specialised.
+CAUSAL_ASSERT = CAUSAL.replace(
+    "        B, T, C = x.size()\n", "        B, T, C = x.size()\n        assert T <= self.mask.size(-1)\n"
 )
 
 # An RNN cell unrolled by a Python loop over the sequence length, its state moved to x's device.
@@ -245,6 +250,7 @@ BUILT = {
     "einsums": EINSUMS,
     "pad": PAD,
     "causal": CAUSAL,
+    "causal_assert": CAUSAL_ASSERT,
     "loop": LOOP,
     "branches": BRANCHES,
     "mha_self": MHA_SELF,
@@ -270,7 +276,7 @@ def test_each_pattern_comes_out_under_both_policies(synth: Synthesizer, name: st
         host = synthesis.files["forward.cpp"]
         assert "at::multi_head_attention" not in host and "at::_native_multi_head_attention" not in host
         # Only the forwards that read their input shapes as numbers are specialised, and checked.
-        specialised = name in ("causal", "loop", "branches", "ssd")
+        specialised = name in ("causal_assert", "loop", "branches", "ssd")
         assert ("was generated for shape" in host) == specialised, name
 
 
@@ -282,7 +288,7 @@ def test_chunked_scan_compiles_for_cuda(synth: Synthesizer, tmp_path: Path) -> N
 
 
 def test_specialised_program_checks_every_input_and_parameter_shape(synth: Synthesizer) -> None:
-    host = synth.synthesize(CAUSAL, None, variant=Variant(), device="cpu").files["forward.cpp"]
+    host = synth.synthesize(CAUSAL_ASSERT, None, variant=Variant(), device="cpu").files["forward.cpp"]
     checks = re.findall(
         r"TORCH_CHECK\(\((\w+)\.sizes\(\)\.vec\(\) == std::vector<int64_t>\{([\d, ]*)\}", host
     )
@@ -291,7 +297,7 @@ def test_specialised_program_checks_every_input_and_parameter_shape(synth: Synth
     assert [1, 1, 7, 7] in shapes.values()  # the mask buffer
     assert [24, 8] in shapes.values() and [24] in shapes.values()  # the projection
     # The sequence length is a number in the program: 5 of the 7 mask rows, the view sizes.
-    trace = synth.trace(CAUSAL)
+    trace = synth.trace(CAUSAL_ASSERT)
     assert trace.specialized
     assert not any(n.target.endswith("size") for n in trace.nodes)
 
@@ -393,11 +399,19 @@ def test_compiled_cpu_program_matches_pytorch(synth: Synthesizer, name: str) -> 
         assert got.dtype == torch.float32 and got.shape == want.shape
         rel = ((got.double() - want).norm() / want.norm()).item()
         assert rel < 1e-5, f"{name}: relative L2 error {rel:.2e}"
-    if name in ("causal", "loop"):
+    if name in ("causal_assert", "loop"):
         # A program specialised to the traced shapes refuses others instead of computing garbage.
-        longer = [torch.randn(2, 6, 8)] if name == "causal" else [torch.randn(5, 3, 6), torch.randn(3, 5)]
+        longer = (
+            [torch.randn(2, 6, 8)] if name == "causal_assert" else [torch.randn(5, 3, 6), torch.randn(3, 5)]
+        )
         with pytest.raises(RuntimeError, match="was generated for shape"):
             new(*longer)
+    if name == "causal":
+        # Sliced at run time: another sequence length within the mask is computed, not refused.
+        x = torch.randn(2, 6, 8)
+        with torch.no_grad():
+            want, got = ref(x.double()), new(x)
+        assert ((got.double() - want).norm() / want.norm()).item() < 1e-5
 
 
 def test_constructor_helper_made_by_a_call_is_copied_after_its_maker(synth: Synthesizer) -> None:
