@@ -5,7 +5,7 @@ every launch of its Triton kernels, in a profiler range with a secret token, so 
 when its launch happened inside such a range and not inside an ATen op; otherwise it is *library*
 (cuBLAS/cuDNN/CUTLASS names, BLAS and convolution ops on a CPU) or *torch*; device memcpy/memset are *copy*,
 outside the compute shares. On a CPU the "kernels" are the extension's own time (its ranges minus the ATen
-ops inside them) and the ATen ops; the ops that only allocate count as copies do.
+ops inside them) and the ATen ops; the ops that only allocate or only make a view count as copies do.
 """
 
 from __future__ import annotations
@@ -28,6 +28,15 @@ CPU_LIBRARY = re.compile(
 # they compute nothing, so, like device copies, they stay outside the compute shares; a CPU call of a tiny
 # problem on a busy host spent longer in `aten::empty` than in its own kernel (CI, stop 29).
 CPU_ALLOCATION = re.compile(r"^aten::(empty|empty_like|empty_strided|new_empty|new_empty_strided|resize_)$")
+# ATen ops that only make a view (new sizes and strides over the same memory): the dispatcher's time for
+# them is overhead, not compute, and a whole model's program makes dozens per call (heads split and merged,
+# slices of a fused projection). reshape/flatten copy when no view exists: those count as torch compute.
+CPU_VIEW = re.compile(
+    r"^aten::(view|_unsafe_view|reshape|_reshape_alias|flatten|unflatten|narrow|slice|select|transpose|t|"
+    r"permute|expand|expand_as|unsqueeze|squeeze|as_strided|alias|unfold|detach|split|split_with_sizes|"
+    r"chunk|unbind|movedim|swapaxes|view_as|reshape_as)$"
+)
+CPU_COPIES = re.compile(r"^aten::(clone|copy_|contiguous|_to_copy)$")
 LAUNCHES = (
     "cudaLaunchKernel",
     "cuLaunchKernel",
@@ -179,7 +188,10 @@ def _account_cpu(custom_spans: list[dict[str, Any]], ops: list[dict[str, Any]]) 
         acc.custom_ms += own_ms
         acc.custom_count += 1
     for op in tops:
-        if CPU_ALLOCATION.match(op["name"]):
+        view = CPU_VIEW.match(op["name"]) and not any(
+            CPU_COPIES.match(c["name"]) for c in ops if c is not op and _contains(op, c["ts"], c["tid"])
+        )
+        if CPU_ALLOCATION.match(op["name"]) or view:
             origin = "copy"
         else:
             origin = "library" if CPU_LIBRARY.match(op["name"]) else "torch"

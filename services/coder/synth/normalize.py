@@ -84,6 +84,32 @@ VIEW_FNS = frozenset(
 HOST_MATH = {"sqrt", "exp", "log", "sin", "cos", "tan", "floor", "ceil", "fabs", "pow", "log2", "log10"}
 
 
+def view_strides(
+    shape: tuple[int, ...], stride: tuple[int, ...], new: tuple[int, ...]
+) -> tuple[int, ...] | None:
+    """The strides of `new` as a view of a tensor laid out as (shape, stride), or None where torch's view
+    would fail and reshape copy (ATen's computeStride: dims merge only where their strides chain)."""
+    if math.prod(shape) == 0 or not shape:
+        return tuple(contiguous_strides(new))
+    out = [0] * len(new)
+    view_d = len(new) - 1
+    base = stride[-1]
+    tensor_numel = view_numel = 1
+    for d in range(len(shape) - 1, -1, -1):
+        tensor_numel *= shape[d]
+        if d == 0 or (shape[d - 1] != 1 and stride[d - 1] != tensor_numel * base):
+            while view_d >= 0 and (view_numel < tensor_numel or new[view_d] == 1):
+                out[view_d] = view_numel * base
+                view_numel *= new[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                base = stride[d - 1]
+                tensor_numel = view_numel = 1
+    return tuple(out) if view_d == -1 else None
+
+
 def short_name(target: str) -> str:
     for prefix in ("torch.nn.functional.", "torch.Tensor.", "torch.", "operator.", "builtins.", "math."):
         if target.startswith(prefix):
@@ -255,9 +281,28 @@ class Normalizer:
         return Ref(ident)
 
     def view_op(self, fn: str, src: Ref, attrs: dict[str, Any], shape: tuple[int, ...], origin: str) -> Ref:
+        """A view the lowering itself makes, with the strides it has: a reshape that cannot be a view of
+        its source (heads split from a slice of a fused projection) copies through the program's own
+        identity kernel rather than inside at::reshape."""
+        sv = self.g.values[src.id]
+        laid = sv.stride if len(sv.stride) == len(sv.shape) else tuple(contiguous_strides(sv.shape))
+        stride = tuple(contiguous_strides(shape))
+        if fn == "reshape":
+            viewed = view_strides(sv.shape, laid, shape)
+            if viewed is None and sv.dtype == "float32":
+                src = self.emit_ew("identity", [src], [], origin)
+            elif viewed is not None:
+                stride = viewed
+        elif fn == "transpose" and len(laid) == len(shape):
+            d0, d1 = (int(a.value) % len(shape) for a in attrs["args"][:2])
+            swapped = list(laid)
+            swapped[d0], swapped[d1] = swapped[d1], swapped[d0]
+            stride = tuple(swapped)
+        elif fn == "narrow" and len(laid) == len(shape):
+            stride = laid
         ident = self.fresh(origin)
-        dtype = self.g.values[src.id].dtype
-        self.g.add_value(Value(ident, "tensor", shape, contiguous_strides(shape), dtype))
+        contiguous = stride == tuple(contiguous_strides(shape))
+        self.g.add_value(Value(ident, "tensor", shape, stride, sv.dtype, contiguous))
         self.g.add_op(Op(VIEW, fn, ident, [src], attrs, origin=origin))
         return Ref(ident)
 
@@ -1675,6 +1720,10 @@ class Normalizer:
     # Views on tensors.
     def _view(self, node: TracedNode, fn: str, args: list[Any], kwargs: dict[str, Any]) -> Ref:
         meta = self.meta_value(node.name, node.meta)
+        if fn in ("reshape", "flatten", "reshape_as") and not self.viewable(args[0], meta.shape):
+            # torch would copy inside at::reshape (torch's kernel, outside the program's own): the copy is
+            # the program's own identity kernel, and the reshape a view of its contiguous output.
+            args = [self.emit_ew("identity", [args[0]], [], node.name), *args[1:]]
         rest = args[1:]
         if len(rest) == 1 and isinstance(rest[0], list) and fn not in ("unflatten",):
             rest = rest[0]
@@ -1683,6 +1732,13 @@ class Normalizer:
         self.g.add_value(Value(ident, "tensor", meta.shape, meta.stride, meta.dtype, meta.contiguous))
         self.g.add_op(Op(VIEW, fn, ident, [args[0]], attrs, origin=node.name))
         return Ref(ident)
+
+    def viewable(self, src: Ref, shape: tuple[int, ...]) -> bool:
+        """Can `src` (laid out as traced) take `shape` as a view? A float tensor that cannot is copied."""
+        v = self.g.values[src.id]
+        if v.contiguous or v.dtype != "float32" or len(v.stride) != len(v.shape):
+            return True
+        return view_strides(v.shape, v.stride, shape) is not None
 
     def _list_view(self, node: TracedNode, fn: str, args: list[Any], kwargs: dict[str, Any]) -> None:
         """chunk/split/unbind: a host-side list of views; getitem picks one."""
