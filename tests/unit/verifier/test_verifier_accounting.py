@@ -43,6 +43,25 @@ def test_cpu_allocations_do_not_outweigh_a_tiny_kernel():
     assert account(events, TOKEN, "cpu", set()).share("custom") < 0.5
 
 
+def test_cpu_views_are_overhead_but_a_reshape_that_copies_is_compute():
+    # A whole model's program makes dozens of views per call (heads split and merged): metadata only.
+    events = [
+        ev("user_annotation", f"{TOKEN}::{CALL_SPAN}", 0, 400),
+        ev("user_annotation", f"{TOKEN}::forward", 10, 300),
+        ev("cpu_op", "aten::narrow", 20, 40),
+        ev("cpu_op", "aten::slice", 22, 30),  # inside narrow
+        ev("cpu_op", "aten::transpose", 70, 30),
+        ev("cpu_op", "aten::reshape", 110, 40),
+        ev("cpu_op", "aten::view", 115, 20),  # a reshape that is a view
+    ]
+    acc = account(events, TOKEN, "cpu", set())
+    assert acc.torch_ms == 0.0 and abs(acc.copy_ms - 0.110) < 1e-9 and acc.share("custom") == 1.0
+    # A reshape with no view copies: torch's clone is compute outside the program's kernels.
+    events[-1] = ev("cpu_op", "aten::clone", 115, 30)
+    acc = account(events, TOKEN, "cpu", set())
+    assert abs(acc.torch_ms - 0.040) < 1e-9 and abs(acc.copy_ms - 0.070) < 1e-9
+
+
 def test_cpu_forward_without_extension_calls_has_no_custom_time():
     events = [ev("user_annotation", f"{TOKEN}::{CALL_SPAN}", 0, 1000), ev("cpu_op", "aten::mul", 10, 500)]
     acc = account(events, TOKEN, "cpu", set())
