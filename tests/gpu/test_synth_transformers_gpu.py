@@ -1,6 +1,6 @@
 """Stop 31's Coder additions on a GPU: torch.nn Transformer layers traced through with Tensor.unfold patches
 (a ViT), a Swin-V2 style attention whose relative position bias is picked by an int64 index buffer (the
-gather kernel), and a KernelBench-style RNN cell whose state attribute is overwritten by an input before it is
+gather kernel), torch.roll and a whole compact Swin-V2, and a KernelBench-style RNN cell whose state attribute is overwritten by an input before it is
 read. Each CUDA program (strict policy: its own GEMMs) within 1e-5 (relative L2) of a float64 evaluation of the
 reference on fresh and shifted inputs. The models are the CPU tests' (tests/unit/coder)."""
 
@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "coder"))
 
-from test_coder_indexing import SWIN_V2  # noqa: E402
+from test_coder_indexing import ROLL, SWIN_V2, SWIN_V2_MODEL  # noqa: E402
 from test_coder_trace_level3 import OVERWRITTEN_STATE, VIT  # noqa: E402
 from test_synth_gpu import build_source, compare  # noqa: E402
 
@@ -27,7 +27,15 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-MODELS = {"vit": VIT, "swin_v2_attention": SWIN_V2, "overwritten_state": OVERWRITTEN_STATE}
+MODELS = {
+    "vit": VIT,
+    "swin_v2_attention": SWIN_V2,
+    "overwritten_state": OVERWRITTEN_STATE,
+    "roll": ROLL,
+    # A whole compact Swin-V2 without stochastic depth: compare() evaluates the reference in float64, whose
+    # draws differ from float32 ones (the CPU test checks the draws in training mode).
+    "swin_v2": SWIN_V2_MODEL.replace(", 0.1)", ", 0.0)"),
+}
 
 
 @pytest.fixture(scope="module")

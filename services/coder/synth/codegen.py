@@ -684,6 +684,11 @@ class Host:
         if fn == "index":
             self.helpers.add("index")
             return f"stitch_index({t[0]}, {at['dim']}, {t[1]})"
+        if fn == "roll":
+            self.helpers.add("roll")
+            shifts = ", ".join(str(v) for v in at["shifts"])
+            dims = ", ".join(str(v) for v in at["dims"])
+            return f"stitch_roll({t[0]}, std::vector<int64_t>{{{shifts}}}, std::vector<int64_t>{{{dims}}})"
         raise Unsupported(f"{op.origin}: library call {fn}")
 
     def rnn_expr(self, op: Op) -> str:

@@ -378,6 +378,102 @@ __INDEX_PRELUDE__  TORCH_CHECK(idx.device() == s.device(), "index: the index is 
 """.replace("__INDEX_PRELUDE__", _INDEX_PRELUDE)
 
 
+# ---- torch.roll: every element moved along some dims, cyclically (shifted windows) -------------------------
+# The host packs sizes, shifts and rank in 17 int64 (meta); the kernels' file unpacks them into its struct.
+_ROLL_PRELUDE = r"""  TORCH_CHECK(shifts.size() == dims.size(), "roll: as many shifts as dims");
+  const at::Tensor s = src.contiguous();
+  const int64_t rank = s.dim();
+  TORCH_CHECK(rank <= 8, "roll: at most 8 dims");
+  int64_t meta[17] = {0};
+  for (int64_t d = 0; d < rank; ++d) meta[d] = s.size(d);
+  meta[16] = rank;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = dims[i] < 0 ? dims[i] + rank : dims[i];
+    TORCH_CHECK(d >= 0 && d < rank, "roll: dim out of range");
+    const int64_t n = meta[d];
+    meta[8 + d] = n ? ((meta[8 + d] + shifts[i]) % n + n) % n : 0;
+  }
+  at::Tensor out = at::empty(s.sizes(), s.options());
+"""
+
+_ROLL_INDEX = r"""
+struct StitchRoll {
+  int64_t size[8];
+  int64_t shift[8];
+  int64_t rank;
+};
+
+static StitchRoll stitch_roll_unpack(const int64_t* meta) {
+  StitchRoll r{};
+  for (int d = 0; d < 8; ++d) {
+    r.size[d] = meta[d];
+    r.shift[d] = meta[8 + d];
+  }
+  r.rank = meta[16];
+  return r;
+}
+
+// The source offset of output element o: each coordinate moved back by its dim's shift, cyclically.
+STITCH_HD inline int64_t stitch_roll_source(const StitchRoll& r, int64_t o) {
+  int64_t src = 0, stride = 1;
+  for (int64_t d = r.rank - 1; d >= 0; --d) {
+    const int64_t n = r.size[d];
+    const int64_t i = o % n;
+    o /= n;
+    int64_t j = i - r.shift[d];
+    if (j < 0) j += n;
+    src += j * stride;
+    stride *= n;
+  }
+  return src;
+}
+"""
+
+ROLL_CPU = (
+    "#define STITCH_HD\n"
+    + _ROLL_INDEX
+    + r"""
+static at::Tensor stitch_roll(const at::Tensor& src, std::vector<int64_t> shifts, std::vector<int64_t> dims) {
+__ROLL_PRELUDE__  const StitchRoll r = stitch_roll_unpack(meta);
+  const float* in = s.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, s.numel(), 2048, [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o) dst[o] = in[stitch_roll_source(r, o)];
+  });
+  return out;
+}
+""".replace("__ROLL_PRELUDE__", _ROLL_PRELUDE)
+)
+
+ROLL_CUDA = (
+    "#define STITCH_HD __host__ __device__\n"
+    + _ROLL_INDEX
+    + r"""
+__global__ void __launch_bounds__(256) stitch_roll_kernel(const float* __restrict__ src,
+    float* __restrict__ dst, StitchRoll r, int64_t total) {
+  for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;
+       o += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[o] = src[stitch_roll_source(r, o)];
+}
+
+static void stitch_roll_launch(const float* src, float* dst, const int64_t* meta, int64_t total) {
+  if (total == 0) return;
+  const int64_t blocks = std::min<int64_t>((total + 255) / 256, static_cast<int64_t>(sm_count()) * 8);
+  stitch_roll_kernel<<<blocks, 256, 0, stitch::current_stream()>>>(src, dst, stitch_roll_unpack(meta), total);
+  STITCH_LAUNCH_CHECK();
+}
+"""
+)
+
+ROLL_CUDA_HOST = r"""
+// torch.roll of a float32 tensor along some dims: one kernel, each output element read from its source.
+static at::Tensor stitch_roll(const at::Tensor& src, std::vector<int64_t> shifts, std::vector<int64_t> dims) {
+__ROLL_PRELUDE__  stitch_roll_launch(s.data_ptr<float>(), out.data_ptr<float>(), meta, s.numel());
+  return out;
+}
+""".replace("__ROLL_PRELUDE__", _ROLL_PRELUDE)
+
+
 def helper_source(helpers: set[str], backend: str) -> str:
     """The helper functions a program's host code calls, in dependency order (one translation unit: CPU)."""
     return "\n".join([device_source(helpers, backend), host_source(helpers, backend)]).strip("\n")
@@ -396,6 +492,8 @@ def device_source(helpers: set[str], backend: str) -> str:
         parts.append(CAT_CUDA)
     if "index" in helpers and backend == "cuda":
         parts.append(INDEX_CUDA)
+    if "roll" in helpers and backend == "cuda":
+        parts.append(ROLL_CUDA)
     parts.append(scans.device_source(helpers, backend))
     return "\n".join(p for p in parts if p)
 
@@ -417,5 +515,7 @@ def host_source(helpers: set[str], backend: str) -> str:
         parts.append(CAT_CUDA_HOST if backend == "cuda" else CAT_CPU)
     if "index" in helpers:
         parts.append(INDEX_CUDA_HOST if backend == "cuda" else INDEX_CPU)
+    if "roll" in helpers:
+        parts.append(ROLL_CUDA_HOST if backend == "cuda" else ROLL_CPU)
     parts.append(scans.host_source(helpers, backend))
     return "\n".join(p for p in parts if p)

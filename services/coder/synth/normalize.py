@@ -700,6 +700,22 @@ class Normalizer:
         self.int_reads.add(ident)
         return Ref(ident)
 
+    def fn_roll(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
+        """torch.roll along given dims (Swin's shifted windows): the synthesizer's own kernel."""
+        shifts = self.literal(args[1] if len(args) > 1 else kwargs.get("shifts"))
+        dims = self.literal(args[2] if len(args) > 2 else kwargs.get("dims"))
+        shifts = list(shifts) if isinstance(shifts, list | tuple) else [shifts]
+        dims = list(dims) if isinstance(dims, list | tuple) else [dims] if dims is not None else []
+        if not dims or len(dims) != len(shifts) or not all(isinstance(v, int) for v in [*shifts, *dims]):
+            raise Unsupported(f"{node.name}: roll needs constant shifts and as many dims")
+        src = self.value(args[0])
+        if src is None or src.dtype != "float32":
+            raise Unsupported(f"{node.name}: roll of a tensor that is not float32")
+        ident = self.own_id(node)
+        self.g.add_value(Value(ident, "tensor", src.shape, contiguous_strides(src.shape), src.dtype))
+        self.g.add_op(Op(LIB, "roll", ident, [args[0]], {"shifts": shifts, "dims": dims}, origin=node.name))
+        return Ref(ident)
+
     def fn_index_select(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
         dim = args[1] if len(args) > 1 else kwargs.get("dim")
         index = args[2] if len(args) > 2 else kwargs.get("index")

@@ -26,7 +26,7 @@ from torch.fx.node import Node, map_aggregate
 VALUE = "stitch_value"
 # Constructors of tensors in the forward: constants (a mask), and random draws (a random initial state),
 # which the program makes in turn from torch's generator.
-CONSTRUCTORS = ("ones", "zeros", "full", "arange", "eye", "randn", "rand")
+CONSTRUCTORS = ("ones", "zeros", "full", "arange", "eye", "randn", "rand", "tensor")
 PYTHON_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
 
 

@@ -197,7 +197,7 @@ def within_policy(variant: Variant, policy: KernelPolicy) -> Variant:
 
 # Library-call steps that the synthesizer's own helper kernels carry out (libops.py): no library is called,
 # so they neither need a policy's library families nor turn a program's GEMMs into custom kernels.
-OWN_HELPERS = frozenset({"cat", "index"})
+OWN_HELPERS = frozenset({"cat", "index", "roll"})
 # Library steps of a program -> the ATen op its code calls (the family follows from the policy's table).
 _LIBRARY_OP = {"lstm": "addmm", "gru": "addmm", "sdpa": "scaled_dot_product_attention"}
 

@@ -159,3 +159,55 @@ def test_gather_kernel_compiles_for_cuda(synth: Synthesizer, tmp_path: Path) -> 
     synthesis = synth.synthesize(SWIN_V2, None, variant=Variant(), device="cuda", policy=KernelPolicy(STRICT))
     write_dir(to_candidate(synthesis), tmp_path / "program")
     assert_program_compiles(tmp_path / "program", tmp_path)
+
+
+ROLL = HEADER + (
+    "class Model(nn.Module):\n"
+    "    def forward(self, x):\n"
+    "        y = torch.roll(x, shifts=(-2, 1), dims=(1, 2))\n"
+    "        return torch.roll(y, 3, 0) * 2.0 + torch.roll(x, shifts=-1, dims=-1)\n\n"
+    "def get_inputs():\n    return [torch.randn(3, 5, 4, 2)]\n\n"
+    "def get_init_inputs():\n    return []\n"
+)
+SWIN_V2_MODEL = (Path(__file__).parent / "problems" / "swin_v2.py").read_text()
+
+
+def test_roll_is_the_programs_own_kernel_and_matches(synth: Synthesizer) -> None:
+    synthesis = synth.synthesize(ROLL, None, variant=Variant(), device="cpu")
+    assert (
+        "stitch_roll(" in synthesis.files["forward.cpp"] and "at::roll" not in synthesis.files["forward.cpp"]
+    )
+    new = load_program(synthesis)["ModelNew"]()
+    ns: dict[str, Any] = {}
+    exec(compile(ROLL, "reference.py", "exec"), ns)
+    x = torch.randn(3, 5, 4, 2)
+    torch.testing.assert_close(new(x), ns["Model"]()(x))
+
+
+@pytest.mark.slow
+def test_a_whole_swin_v2_in_training_mode_matches(synth: Synthesizer) -> None:
+    for policy in (LIBRARY, STRICT):
+        validate(
+            to_candidate(
+                synth.synthesize(
+                    SWIN_V2_MODEL, None, variant=Variant(), device="cuda", policy=KernelPolicy(policy)
+                )
+            )
+        )
+    mn = load_program(synth.synthesize(SWIN_V2_MODEL, None, variant=Variant(), device="cpu"))
+    ref = reference(SWIN_V2_MODEL, [])
+    torch.manual_seed(0)
+    new = mn["ModelNew"]()
+    x = torch.rand(2, 3, 16, 16)
+    for seed in (1, 2):  # stochastic depth: the same draws under the same seed
+        torch.manual_seed(seed)
+        want = ref(x)
+        torch.manual_seed(seed)
+        torch.testing.assert_close(new(x), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_roll_kernel_compiles_for_cuda(synth: Synthesizer, tmp_path: Path) -> None:
+    synthesis = synth.synthesize(ROLL, None, variant=Variant(), device="cuda", policy=KernelPolicy(STRICT))
+    write_dir(to_candidate(synthesis), tmp_path / "program")
+    assert_program_compiles(tmp_path / "program", tmp_path)
