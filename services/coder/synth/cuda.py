@@ -422,7 +422,7 @@ class CudaKernels:
             pass_used = set(used)
             scalar_body = inner_lines(False)
             prefix: list[str] = []
-            if cache:
+            if cache and row_cache[0]:
                 prefix = [
                     "if constexpr (VEC == 4 && CACHED) {",
                     *indent(cached_loop(vec_body, cached_loads(pass_used), [], []), 2),
@@ -533,15 +533,18 @@ class CudaKernels:
                 "reinterpret_cast<float4*>(out + r * cols)[c0 / 4] =",
                 "    make_float4(res[0], res[1], res[2], res[3]);",
             ]
-            cached = cached_loop(vec_body, cached_loads(pass_used), [f"{root_ctype} res[4];"], store_vec)
             vec_loads_here = [
                 f"const float4 f{i} = reinterpret_cast<const float4*>(in{i} + r * cols)[c0 / 4];"
                 for i in sorted(pass_used)
             ]
+            # The cached branch only where the element passes cache too (too many operands: no cache arrays).
+            cached_branch: list[str] = []
+            if row_cache[0]:
+                cached = cached_loop(vec_body, cached_loads(pass_used), [f"{root_ctype} res[4];"], store_vec)
+                cached_branch = ["if constexpr (VEC == 4 && CACHED) {", *indent(cached, 2), "} else"]
             return [
-                "if constexpr (VEC == 4 && CACHED) {",
-                *indent(cached, 2),
-                "} else if constexpr (VEC == 4) {",
+                *cached_branch,
+                "if constexpr (VEC == 4) {",
                 "  for (int64_t c0 = tid * 4; c0 < cols; c0 += nthr * 4) {",
                 *indent(vec_loads_here, 4),
                 f"    {root_ctype} res[4];",
