@@ -141,7 +141,8 @@ def reference_summary(ref32: Any, ref64: Any, spec: dict[str, Any]) -> dict[str,
     idx = positions(ref32.numel(), int(spec["samples"]), int(spec["seed"]))
     target = ref32
     err_l2 = err_max = 0.0
-    if isinstance(ref64, torch.Tensor) and ref64.shape == ref32.shape:
+    measured = isinstance(ref64, torch.Tensor) and ref64.shape == ref32.shape
+    if measured:
         # In place: where float64 overflowed, float32's value is the target (no full-size float64
         # temporaries: at level-1 sizes each would be 14 GiB on the GPU).
         if ref64.device != ref32.device:  # float64 computed on the CPU: summarise there
@@ -163,6 +164,7 @@ def reference_summary(ref32: Any, ref64: Any, spec: dict[str, Any]) -> dict[str,
         neginf=own["neginf"],
         err_l2=err_l2,
         err_max=err_max,
+        measured=measured,  # whether err_* are measured against float64 (a random reference has no twin)
     )
     return out
 
