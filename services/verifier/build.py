@@ -113,6 +113,10 @@ def split(candidate: code_pb2.Candidate) -> list[code_pb2.Candidate]:
     return out
 
 
+# A logged warning line (glog's "W1206 16:14:30.006 ...", Python's "UserWarning: ..."), never a build error.
+_LOG_WARNING = re.compile(r"^(W\d{4} \d\d:\d\d:\d\d|\S*Warning: )")
+
+
 def first_error(log_text: str, build_dir: str = "") -> str:
     """The first real compiler error, trimmed to `file:line: error: message`."""
     lines = log_text.replace("\\n", "\n").splitlines()
@@ -131,7 +135,10 @@ def first_error(log_text: str, build_dir: str = "") -> str:
     for line in lines:
         if "error" in line.lower() and "Error building extension" not in line:
             return line.strip().replace(build_dir, "")[:400]
-    return (lines[-1].strip() if lines else "build failed")[:400]
+    # No error line: the last line that is not a logged warning (torch's "No CUDA runtime is found" said
+    # nothing about why a GPU machine's build failed), or what ninja said last.
+    told = [line.strip() for line in lines if line.strip() and not _LOG_WARNING.match(line.strip())]
+    return (told[-1] if told else "build failed: the compiler printed no error")[:400]
 
 
 class Builder:
@@ -328,6 +335,11 @@ class Builder:
             error = first_error(text, str(run_dir))
             if outcome.timed_out:
                 error = f"build timed out after {self.settings.build_timeout_s:.0f} s"
+            elif outcome.memory_exceeded:
+                error = (
+                    f"build exceeded its {self.settings.build_memory_limit_gb:g} GiB memory limit "
+                    "(STITCH_BUILD_MEMORY_LIMIT_GB); the compiler was killed"
+                )
             # Compiler and linker errors repeat on every worker; crashes, kills and timeouts may not.
             deterministic = record is not None and not outcome.timed_out and not outcome.memory_exceeded
             if deterministic:

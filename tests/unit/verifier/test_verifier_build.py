@@ -11,6 +11,19 @@ from stitchcuda.verifier.build import cache_key, first_error
 from stitchcuda.verifier.service import VerifierService
 
 
+def test_a_logged_warning_is_never_the_reported_build_error():
+    log = (
+        "W1206 16:14:30.006000 2 torch/utils/cpp_extension.py:140] No CUDA runtime is found, using CUDA_HOME\n"
+        "ninja: build stopped: subcommand failed.\n"
+        "W1206 16:14:31.000000 2 torch/utils/cpp_extension.py:141] No CUDA runtime is found\n"
+    )
+    assert first_error(log) == "ninja: build stopped: subcommand failed."
+    assert (
+        first_error("W1206 16:14:30.006000 2 x.py:1] nothing\n")
+        == "build failed: the compiler printed no error"
+    )
+
+
 def test_first_error_is_trimmed_to_file_line_message():
     log = (
         "[1/2] c++ -MMD -c /sandbox/src/kernel.cpp -o kernel.o\nFAILED: kernel.o\n"
