@@ -154,13 +154,6 @@ def test_int64_index_buffer_is_not_read_by_arithmetic(synth: Synthesizer) -> Non
         synth.synthesize(source, None, variant=Variant(), device="cpu")
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-def test_gather_kernel_compiles_for_cuda(synth: Synthesizer, tmp_path: Path) -> None:
-    synthesis = synth.synthesize(SWIN_V2, None, variant=Variant(), device="cuda", policy=KernelPolicy(STRICT))
-    write_dir(to_candidate(synthesis), tmp_path / "program")
-    assert_program_compiles(tmp_path / "program", tmp_path)
-
-
 ROLL = HEADER + (
     "class Model(nn.Module):\n"
     "    def forward(self, x):\n"
@@ -207,7 +200,9 @@ def test_a_whole_swin_v2_in_training_mode_matches(synth: Synthesizer) -> None:
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-def test_roll_kernel_compiles_for_cuda(synth: Synthesizer, tmp_path: Path) -> None:
-    synthesis = synth.synthesize(ROLL, None, variant=Variant(), device="cuda", policy=KernelPolicy(STRICT))
+@pytest.mark.parametrize("name", ["gather", "roll"])
+def test_the_kernels_compile_for_cuda(synth: Synthesizer, tmp_path: Path, name: str) -> None:
+    source = SWIN_V2 if name == "gather" else ROLL
+    synthesis = synth.synthesize(source, None, variant=Variant(), device="cuda", policy=KernelPolicy(STRICT))
     write_dir(to_candidate(synthesis), tmp_path / "program")
     assert_program_compiles(tmp_path / "program", tmp_path)

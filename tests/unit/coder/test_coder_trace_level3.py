@@ -465,6 +465,16 @@ def test_forward_keeping_state_between_calls_is_refused(synth: Synthesizer) -> N
         synth.synthesize(source, None, variant=Variant(), device="cpu")
 
 
+def seeded_pair(source: str, mn: dict[str, Any], *init: Any) -> tuple[Any, Any]:
+    """The reference's Model and the program's ModelNew, each built after the same seed (same weights)."""
+    ns: dict[str, Any] = {"__name__": "reference"}
+    exec(compile(source, "reference.py", "exec"), ns)
+    torch.manual_seed(0)
+    ref = ns["Model"](*init)
+    torch.manual_seed(0)
+    return ref, mn["ModelNew"](*init)
+
+
 # KernelBench's stateful RNN cell (level 3 problem 33's kind): the state attribute is overwritten in place by
 # an input before it is read, so no value carries from one call to the next.
 OVERWRITTEN_STATE = HEADER + (
@@ -499,12 +509,7 @@ def test_state_overwritten_before_it_is_read_comes_out_and_matches(synth: Synthe
         )
     synthesis = synth.synthesize(OVERWRITTEN_STATE, None, variant=Variant(), device="cpu")
     mn = load_program(synthesis)
-    ns: dict[str, Any] = {"__name__": "reference"}
-    exec(compile(OVERWRITTEN_STATE, "reference.py", "exec"), ns)
-    torch.manual_seed(0)
-    ref = ns["Model"](6, 7)
-    torch.manual_seed(0)
-    new = mn["ModelNew"](6, 7)
+    ref, new = seeded_pair(OVERWRITTEN_STATE, mn, 6, 7)
     for _ in range(2):  # the reference's second call starts from the first call's state, then overwrites it
         x, h0 = torch.rand(3, 6), torch.rand(1, 7)  # h0 broadcast over the batch, as copy_ does
         torch.testing.assert_close(new(x, h0), ref(x, h0), rtol=1e-5, atol=1e-5)
@@ -578,12 +583,7 @@ def test_vision_transformer_with_torch_transformer_layers_matches(synth: Synthes
     host = synthesis.files["forward.cpp"]
     assert ".unfold(2, 4, 4)" in host and "at::multi_head_attention" not in host
     mn = load_program(synthesis)
-    ns: dict[str, Any] = {"__name__": "reference"}
-    exec(compile(VIT, "reference.py", "exec"), ns)
-    torch.manual_seed(0)
-    ref = ns["Model"](4, 16, 4)
-    torch.manual_seed(0)
-    new = mn["ModelNew"](4, 16, 4)
+    ref, new = seeded_pair(VIT, mn, 4, 16, 4)
     img = torch.rand(2, 3, 8, 8)
     torch.testing.assert_close(new(img), ref(img), rtol=1e-4, atol=1e-4)
 
@@ -625,12 +625,7 @@ DROP_PATH = HEADER + (
 def test_stochastic_depth_draws_what_the_reference_draws(synth: Synthesizer) -> None:
     synthesis = synth.synthesize(DROP_PATH, None, variant=Variant(), device="cpu")
     mn = load_program(synthesis)
-    ns: dict[str, Any] = {"__name__": "reference"}
-    exec(compile(DROP_PATH, "reference.py", "exec"), ns)
-    torch.manual_seed(0)
-    ref = ns["Model"]()
-    torch.manual_seed(0)
-    new = mn["ModelNew"]()
+    ref, new = seeded_pair(DROP_PATH, mn)
     x = torch.rand(16, 4, 8)
     for seed in (5, 6):
         torch.manual_seed(seed)
