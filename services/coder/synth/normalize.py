@@ -693,12 +693,11 @@ class Normalizer:
         if sv.dtype not in FLOAT_DTYPES or not sv.shape:
             raise Unsupported(f"{node.name}: indexing a {sv.dtype} tensor of shape {list(sv.shape)}")
         d = dim % len(sv.shape)
-        shape = sv.shape[:d] + iv.shape + sv.shape[d + 1 :]
-        ident = self.own_id(node)
-        self.g.add_value(Value(ident, "tensor", shape, contiguous_strides(shape), sv.dtype))
-        self.g.add_op(Op(LIB, "index", ident, [src, index], {"dim": d}, origin=node.name))
-        self.int_reads.add(ident)
-        return Ref(ident)
+        picked = lib_shaped(
+            self, "index", [src, index], {"dim": d}, sv.shape[:d] + iv.shape + sv.shape[d + 1 :], node.name
+        )
+        self.int_reads.add(picked.id)
+        return picked
 
     def fn_roll(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
         """torch.roll along given dims (Swin's shifted windows): the synthesizer's own kernel."""
@@ -711,10 +710,7 @@ class Normalizer:
         src = self.value(args[0])
         if src is None or src.dtype != "float32":
             raise Unsupported(f"{node.name}: roll of a tensor that is not float32")
-        ident = self.own_id(node)
-        self.g.add_value(Value(ident, "tensor", src.shape, contiguous_strides(src.shape), src.dtype))
-        self.g.add_op(Op(LIB, "roll", ident, [args[0]], {"shifts": shifts, "dims": dims}, origin=node.name))
-        return Ref(ident)
+        return lib_shaped(self, "roll", [args[0]], {"shifts": shifts, "dims": dims}, src.shape, node.name)
 
     def fn_index_select(self, node: TracedNode, args: list[Any], kwargs: dict[str, Any]) -> Ref:
         dim = args[1] if len(args) > 1 else kwargs.get("dim")

@@ -44,11 +44,15 @@ TRACED_THROUGH = frozenset(
 )
 
 
+# torch.fx's own leaf rule, from one tracer kept for it (is_leaf is asked for every module call traced).
+_FX_LEAF = torch.fx.Tracer().is_leaf_module
+
+
 def is_leaf(m: torch.nn.Module, path: str) -> bool:
     """torch.fx's leaf rule (torch.nn modules are leaves), less the containers traced through."""
     if type(m).__name__ in TRACED_THROUGH and type(m).__module__.startswith("torch.nn"):
         return False
-    return bool(torch.fx.Tracer().is_leaf_module(m, path))
+    return bool(_FX_LEAF(m, path))
 
 
 class DataDependent(torch.fx.proxy.TraceError):

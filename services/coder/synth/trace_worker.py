@@ -387,10 +387,9 @@ def overwrite_state(gm: torch.fx.GraphModule, state: dict[str, torch.Tensor | No
     (`self.hidden.copy_(initial_hidden)`, KernelBench's stateful RNN cells), so every later read in the
     call is the overwriting value. The graph's reads become that value (expanded to the attribute's shape
     and cast to its dtype, as copy_ does); any other read is state kept across calls and is refused."""
-    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for name, saved in state.items():
-        target = name
-        reads = [n for n in nodes if n.op == "get_attr" and n.target == target]
+        reads = [n for n in order if n.op == "get_attr" and n.target == name]
         if not reads:
             continue  # assigned, never read: the state is written and nothing depends on it
         first = reads[0]
@@ -404,7 +403,7 @@ def overwrite_state(gm: torch.fx.GraphModule, state: dict[str, torch.Tensor | No
             and copy.args[0] is first
             and len(copy.args) >= 2
             and isinstance(copy.args[1], torch.fx.Node)
-            and all(nodes.index(n) > nodes.index(copy) for n in reads[1:])
+            and all(order[n] > order[copy] for n in reads[1:])
         )
         if not overwrites:
             raise KeptStateError(
