@@ -9,6 +9,7 @@ from stitchcuda.coder.synth import libops, rnn
 from stitchcuda.coder.synth.codegen import (
     CTYPE,
     Host,
+    KernelBodies,
     KernelInfo,
     Scope,
     acc_combine,
@@ -46,7 +47,7 @@ class CpuKernels:
         self.g = program.graph
         self.variant = variant
         self.grain = int(variant.grain)
-        self.functions: list[str] = []
+        self.bodies = KernelBodies()
 
     # ---- signatures ----------------------------------------------------------------------------------
     def params(self, info: KernelInfo, extra: list[str]) -> list[str]:
@@ -455,12 +456,13 @@ class CpuKernels:
     def launch(self, info: KernelInfo, host: Host) -> list[str]:
         k = info.kernel
         if k.kind == "pointwise":
-            self.functions.append(self.pointwise(info))
+            source = self.pointwise(info)
         elif k.kind == "row":
-            self.functions.append(self.row(info))
+            source = self.row(info)
         else:
-            self.functions.append(self.pool(info))
-        return launch_lines(info, host, backend="cpu")
+            source = self.pool(info)
+        first = self.bodies.add(k.name, source)
+        return KernelBodies.relaunch(launch_lines(info, host, backend="cpu"), k.name, first)
 
 
 def launch_lines(info: KernelInfo, host: Host, *, backend: str) -> list[str]:
@@ -526,7 +528,7 @@ def emit(program: Program, variant: Variant, ext_name: str) -> tuple[dict[str, s
     forward = [f"{ret} forward(", "    " + ",\n    ".join(params) + ") {", *indent(body, 2), "}"]
     helpers = libops.helper_source(host.helpers, "cpu")
     lstm = rnn.cpu_helper(custom=host.custom) if "lstm" in host.helpers else ""
-    body_text = "\n".join([*kernels.functions, helpers, lstm, *forward])
+    body_text = "\n".join([*kernels.bodies.functions, helpers, lstm, *forward])
     source = "\n".join(
         [
             f"// {ext_name}: synthesized by StitchCUDA's built-in coder (CPU backend).",
@@ -545,7 +547,7 @@ def emit(program: Program, variant: Variant, ext_name: str) -> tuple[dict[str, s
             "",
             "namespace {",
             "",
-            "\n\n".join(kernels.functions),
+            "\n\n".join(kernels.bodies.functions),
             helpers,
             lstm,
             "",
