@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 KERNELBENCH = Path(os.environ.get("STITCH_KERNELBENCH", ROOT.parent / "shared" / "kernelbench")) / "level3"
 # Specialised to their input shapes (sizes as numbers, a loop over the sequence, a device check), then
 # Swin-MLP (constant padding too), MultiheadAttention, an 8 GiB MLP traced on the meta device, then Mamba-2
-# (einops, a mask made in the forward, many-operand einsums).
+# (einops, a mask made in the forward, many-operand einsums), then ResNet-101 (724 launches of 19 kernels).
 PUBLIC = ["43_MinGPTCausalAttention", "44_MiniGPTBlock", "50_ReLUSelfAttention", "34_VanillaRNNHidden",
           "46_NetVladWithGhostClusters", "47_NetVladNoGhostClusters", "29_SwinMLP", "31_VisionAttention", "2_ShallowWideMLP",
-          "48_Mamba2ReturnY", "49_Mamba2ReturnFinalState"]  # fmt: skip
+          "48_Mamba2ReturnY", "49_Mamba2ReturnFinalState", "10_ResNet101"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
