@@ -1,5 +1,5 @@
-"""The synthesizer's own convolution kernels and einsum GEMMs on a GPU (strict policy): 3-D convolutions and
-transposed 1-D/2-D/3-D convolutions over strides, paddings, output paddings, dilations and groups, with
+"""The synthesizer's own convolution kernels and einsum GEMMs on a GPU (strict policy): implicit-GEMM and direct
+1-D/2-D/3-D convolutions and transposed 1-D/2-D/3-D convolutions over strides, paddings, output paddings, dilations and groups, with
 outputs larger than one pass of the grid-stride loop, each within 1e-5 (relative L2) of a float64
 evaluation of the reference on fresh and shifted inputs."""
 
@@ -59,6 +59,21 @@ PROBLEMS = {
         "nn.ConvTranspose3d(16, 8, 3, stride=(1, 2, 2), padding=1, dilation=(2, 1, 1))",
         "[torch.randn(2, 16, 9, 15, 17)]",
         forward="torch.relu(self.layer(x)) * 0.5",
+    ),
+    # The implicit GEMM (a group's output channels >= 16): partial tiles in M, N and K.
+    "conv2d_igemm_wide": problem("nn.Conv2d(64, 128, 3, padding=1)", "[torch.randn(3, 64, 37, 45)]"),
+    "conv2d_igemm_strided_dilated_grouped": problem(
+        "nn.Conv2d(32, 96, (3, 5), stride=(2, 1), padding=(2, 1), dilation=(2, 1), groups=2)",
+        "[torch.randn(2, 32, 29, 31)]",
+    ),
+    "conv1d_igemm": problem("nn.Conv1d(24, 40, 7, stride=3, padding=4)", "[torch.randn(4, 24, 1001)]"),
+    "conv3d_igemm": problem(
+        "nn.Conv3d(16, 32, 3, stride=(1, 2, 2), padding=1, bias=False)", "[torch.randn(2, 16, 9, 17, 19)]"
+    ),
+    "conv2d_igemm_stem_relu": problem(
+        "nn.Conv2d(3, 64, 7, stride=2, padding=3)",
+        "[torch.randn(2, 3, 67, 71)]",
+        forward="torch.relu(self.layer(x))",
     ),
     "einsum_4d_matmul": problem(
         "nn.Identity()",

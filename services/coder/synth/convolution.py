@@ -172,9 +172,141 @@ static void stitch_conv_run(const float* x, const float* w, const float* bias, f
   STITCH_LAUNCH_CHECK();
 }
 
+// Implicit-GEMM convolution (CUDA, not transposed): per group, the output as a GEMM of M = images x output
+// positions by N = the group's output channels over K = the group's input channels x taps. The A operand
+// (the input's im2col) is gathered from the input straight into shared memory, never materialised; the
+// weight [CO, C/groups, taps] is B, contiguous along K. 128 x (16 kTN) tiles, K in steps of 8, 8 x kTN
+// outputs a thread, summed in float in K order; the next step's loads sit in registers while this step's
+// FMAs run (two shared buffers, one barrier a step). A warp's gathers of one K row are 32 consecutive
+// output positions, coalesced along the output's width.
+constexpr int CBM = 128, CBK = 8;
+template <int kTN>
+__global__ void __launch_bounds__(256) stitch_conv_igemm_kernel(const float* __restrict__ x,
+    const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y, ConvGeom g) {
+  constexpr int BN = 16 * kTN, BLOADS = CBK * BN / 256;
+  __shared__ __align__(16) float As[2][CBK][CBM];
+  __shared__ __align__(16) float Bs[2][CBK][BN + 4];  // padded: a warp's stores hit 32 banks
+  const int tid = threadIdx.x;
+  const int64_t cg = g.c / g.groups, cog = g.co / g.groups;
+  const int64_t k12 = g.k[1] * g.k[2], taps = g.k[0] * k12;
+  const int64_t OW = g.out[2], OHW = g.out[1] * OW, plane = g.out[0] * OHW;
+  const int64_t in12 = g.in[1] * g.in[2], in_plane = g.in[0] * in12;
+  const int64_t M = g.n * plane, K = cg * taps;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * CBM, n0 = static_cast<int64_t>(blockIdx.y) * BN;
+  const int64_t grp = blockIdx.z;
+  // A: this thread gathers K row a_k of positions a_m, a_m + 32, a_m + 64, a_m + 96 (a warp's loads of one
+  // row are 32 consecutive positions).
+  const int a_k = tid >> 5, a_m = tid & 31;
+  int64_t a_base[4], a_d[4], a_h[4], a_w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t m = m0 + a_m + 32 * i;
+    const int64_t img = m / plane, pos = m - img * plane;
+    const int64_t od = pos / OHW, oh = (pos - od * OHW) / OW, ow = pos - od * OHW - oh * OW;
+    a_base[i] = m < M ? (img * g.c + grp * cg) * in_plane : -1;
+    a_d[i] = od * g.stride[0] - g.pad[0];
+    a_h[i] = oh * g.stride[1] - g.pad[1];
+    a_w[i] = ow * g.stride[2] - g.pad[2];
+  }
+  // B: this thread loads K column b_k of output channels b_n, b_n + 32, ...
+  const int b_k = tid & 7, b_n = tid >> 3;
+  const float* wg = w + grp * cog * K;
+  float a_reg[4], b_reg[BLOADS];
+  auto load = [&](int64_t k0) {
+    const int64_t k = k0 + a_k;
+    const bool k_ok = k < K;
+    const int64_t ci = k_ok ? k / taps : 0, t = k - ci * taps;
+    const int64_t kd = t / k12, kh = (t - kd * k12) / g.k[2], kw = t - kd * k12 - kh * g.k[2];
+    const int64_t dd = kd * g.dil[0], dh = kh * g.dil[1], dw = kw * g.dil[2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t id = a_d[i] + dd, ih = a_h[i] + dh, iw = a_w[i] + dw;
+      const bool ok = k_ok && a_base[i] >= 0 && id >= 0 && id < g.in[0] && ih >= 0 && ih < g.in[1] &&
+                      iw >= 0 && iw < g.in[2];
+      a_reg[i] = ok ? __ldg(x + a_base[i] + ci * in_plane + id * in12 + ih * g.in[2] + iw) : 0.f;
+    }
+    const int64_t kb = k0 + b_k;
+#pragma unroll
+    for (int i = 0; i < BLOADS; ++i) {
+      const int64_t n = n0 + b_n + 32 * i;
+      b_reg[i] = (kb < K && n < cog) ? __ldg(wg + n * K + kb) : 0.f;
+    }
+  };
+  auto store = [&](int buf) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) As[buf][a_k][a_m + 32 * i] = a_reg[i];
+#pragma unroll
+    for (int i = 0; i < BLOADS; ++i) Bs[buf][b_k][b_n + 32 * i] = b_reg[i];
+  };
+  const int tx = tid & 15, ty = tid >> 4;
+  float acc[8][kTN] = {};
+  load(0);
+  store(0);
+  __syncthreads();
+  int buf = 0;
+  for (int64_t k0 = 0; k0 < K; k0 += CBK) {
+    const bool next = k0 + CBK < K;
+    if (next) load(k0 + CBK);
+#pragma unroll
+    for (int kk = 0; kk < CBK; ++kk) {
+      const float4 a0 = *reinterpret_cast<const float4*>(&As[buf][kk][tx * 4]);
+      const float4 a1 = *reinterpret_cast<const float4*>(&As[buf][kk][64 + tx * 4]);
+      const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      float bv[kTN];
+      const float4 b0 = *reinterpret_cast<const float4*>(&Bs[buf][kk][ty * 4]);
+      bv[0] = b0.x, bv[1] = b0.y, bv[2] = b0.z, bv[3] = b0.w;
+      if constexpr (kTN == 8) {
+        const float4 b1 = *reinterpret_cast<const float4*>(&Bs[buf][kk][64 + ty * 4]);
+        bv[4] = b1.x, bv[5] = b1.y, bv[6] = b1.z, bv[7] = b1.w;
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < kTN; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+    if (next) store(buf ^ 1);
+    __syncthreads();
+    buf ^= 1;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int64_t m = m0 + (i < 4 ? tx * 4 + i : 64 + tx * 4 + i - 4);
+    if (m >= M) continue;
+    const int64_t img = m / plane, pos = m - img * plane;
+#pragma unroll
+    for (int j = 0; j < kTN; ++j) {
+      const int64_t n = n0 + (j < 4 ? ty * 4 + j : 64 + ty * 4 + j - 4);
+      if (n >= cog) continue;
+      const int64_t co = grp * cog + n;
+      y[(img * g.co + co) * plane + pos] = acc[i][j] + (bias != nullptr ? __ldg(bias + co) : 0.f);
+    }
+  }
+}
+
+// The implicit GEMM where a group's output channels and its K fill a tile's width and depth (a narrow or
+// depthwise convolution keeps the direct kernel).
+static bool stitch_conv_igemm(const float* x, const float* w, const float* bias, float* y,
+                              const ConvGeom& g) {
+  const int64_t cog = g.co / g.groups, K = g.c / g.groups * g.k[0] * g.k[1] * g.k[2];
+  const int64_t M = g.n * g.out[0] * g.out[1] * g.out[2];
+  if (cog < 16 || K < 16 || M == 0) return false;
+  const int tn = cog >= 96 ? 8 : 4;
+  const int64_t grid_m = (M + CBM - 1) / CBM, grid_n = (cog + 16 * tn - 1) / (16 * tn);
+  if (grid_m > 0x7fffffff || grid_n > 65535 || g.groups > 65535) return false;
+  const dim3 grid(static_cast<unsigned>(grid_m), static_cast<unsigned>(grid_n),
+                  static_cast<unsigned>(g.groups));
+  if (tn == 8)
+    stitch_conv_igemm_kernel<8><<<grid, 256, 0, stitch::current_stream()>>>(x, w, bias, y, g);
+  else
+    stitch_conv_igemm_kernel<4><<<grid, 256, 0, stitch::current_stream()>>>(x, w, bias, y, g);
+  STITCH_LAUNCH_CHECK();
+  return true;
+}
+
 static void stitch_conv_launch(const float* x, const float* w, const float* bias, float* y,
                                const int64_t* geom, bool transposed) {
   const ConvGeom g = conv_geom(geom);
+  if (!transposed && stitch_conv_igemm(x, w, bias, y, g)) return;
   // Four output channels a thread where a group's channels split evenly (always, for the usual widths).
   const bool blocked = (g.co / g.groups) % 4 == 0;
   if (transposed)

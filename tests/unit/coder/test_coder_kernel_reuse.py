@@ -75,7 +75,12 @@ def test_equal_bodies_up_to_names_are_one_kernel_and_others_are_not() -> None:
     # The same names in another order of use: not the same body.
     c = "static void k8(const float* in0) { float v_a = in0[0]; float v_b = v_a; k8_x(v_a, v_b); }"
     d = "static void k9(const float* in0) { float v_a = in0[0]; float v_b = v_a; k9_x(v_b, v_a); }"
-    assert [bodies.add(n, s) for n, s in [("k1", a), ("k7", b), ("k8", c), ("k9", d)]] == ["k1", "k1", "k8", "k9"]
+    assert [bodies.add(n, s) for n, s in [("k1", a), ("k7", b), ("k8", c), ("k9", d)]] == [
+        "k1",
+        "k1",
+        "k8",
+        "k9",
+    ]
     assert len(bodies.functions) == 3
     line = "k7_launch(O0_k7.data_ptr<float>(), k70_launch(x));"
     assert KernelBodies.relaunch([line], "k7", "k1") == ["k1_launch(O0_k7.data_ptr<float>(), k70_launch(x));"]
@@ -85,7 +90,9 @@ def test_repeated_blocks_share_kernels_and_the_cpu_program_matches(synth: Synthe
     cuda = synth.synthesize(DEEP, None, variant=Variant(), device="cuda")
     kernels, forward = cuda.files["kernels.cu"], cuda.files["forward.cpp"]
     launched = launches(forward)
-    defined = {re.sub(r"_(kernel|stage\d|combine)$", "", k) for k in kernel_defs(kernels) if k.startswith("k")}
+    defined = {
+        re.sub(r"_(kernel|stage\d|combine)$", "", k) for k in kernel_defs(kernels) if k.startswith("k")
+    }
     assert len(launched) >= 5 * 3  # a few kernels a block
     assert set(launched) == defined  # every launch calls a kernel that is there, and each kernel is used
     assert len(defined) * 3 <= len(launched)
