@@ -313,6 +313,10 @@ def binding_source(ext_name: str, ret: str, params: list[str], what: str) -> str
     us, interleaved; -O0 cost 1.3-1.7 us). The host code beside it parses only ATen's tensor headers, and
     the build compiles both (and kernels.cu) in parallel.
     """
+    if len(params) > MANY_PARAMS:
+        binding = unpacked_binding(ext_name, params, what)
+    else:
+        binding = [f'  m.def("forward", &forward, "{ext_name} forward ({what})");']
     return "\n".join(
         [
             f"// {ext_name}: the Python binding of forward(), a translation unit of its own (pybind11's",
@@ -327,11 +331,37 @@ def binding_source(ext_name: str, ret: str, params: list[str], what: str) -> str
             f"{ret} forward({', '.join(params)});",
             "",
             "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {",
-            f'  m.def("forward", &forward, "{ext_name} forward ({what})");',
+            *binding,
             "}",
             "",
         ]
     )
+
+
+# pybind11 builds a function's signature at compile time, one recursion level an argument: a deep model's
+# forward() (ResNet-101: 300 weights, 100 BatchNorm momenta and epsilons) exceeds the compiler's constexpr
+# depth. Past this many arguments the binding takes *args and casts each argument itself.
+MANY_PARAMS = 64
+
+
+def unpacked_binding(ext_name: str, params: list[str], what: str) -> list[str]:
+    """The m.def lines binding forward() as a function of *args that casts each argument to its type."""
+    n = len(params)
+    args = []
+    for i, p in enumerate(params):
+        ctype, name = p.rsplit(" ", 1)
+        args.append(f"            a[{i}].cast<{ctype}>(){',' if i < n - 1 else ''}  // {name}")
+    return [
+        "  m.def(",
+        '      "forward",',
+        "      [](pybind11::args a) {",
+        f'        TORCH_CHECK(a.size() == {n}, "forward() takes {n} arguments, got ", a.size());',
+        "        return forward(",
+        *args,
+        "        );",
+        "      },",
+        f'      "{ext_name} forward ({what}), {n} arguments");',
+    ]
 
 
 # `at::` names in host code that are not operators with a header of their own under ATen/ops/.
