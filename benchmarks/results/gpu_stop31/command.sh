@@ -1,5 +1,6 @@
-# One device call of stop 31: GPU tests first (parallel builds, pytest-xdist), then `stitchcuda bench` on a
-# level with what is left of the call. Environment: TESTS (pytest paths, "" = none), TEST_S, LEVEL, POLICY,
+# One device call (stops 31-32): GPU tests first (parallel builds, pytest-xdist), then `stitchcuda bench` on the
+# problems of PATTERN (default "$LEVEL/*.py") with what is left of the call. Environment: TESTS (pytest paths,
+# "" = none), TEST_S, LEVEL, PATTERN, POLICY,
 # JOBS, CALL_S (the whole call's budget), XDIST (workers).
 set -u
 T0=$(date +%s)
@@ -18,7 +19,7 @@ if [ -n "${LEVEL:-}" ]; then
   if [ -f .kb/resume_${LEVEL}.tgz ]; then tar xzf .kb/resume_${LEVEL}.tgz -C .device; fi
   echo "bench $LEVEL for ${LEFT}s"; date +%s > $OUT/bench_start
   STITCH_LOG_LEVEL=INFO STITCH_HOME=$PWD/.device/home timeout $LEFT python3 -m stitchcuda.cli bench .kb \
-    --pattern "$LEVEL/*.py" --device cuda --rounds 0 --policy ${POLICY:-strict} --jobs ${JOBS:-4} \
+    --pattern "${PATTERN:-$LEVEL/*.py}" --device cuda --rounds 0 --policy ${POLICY:-strict} --jobs ${JOBS:-4} \
     --out $PWD/.device/bench/$LEVEL > $OUT/bench.log 2>&1
   echo "bench rc $?"; date +%s > $OUT/bench_end
   tail -5 $OUT/bench.log
