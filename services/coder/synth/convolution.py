@@ -178,57 +178,71 @@ static void stitch_conv_run(const float* x, const float* w, const float* bias, f
 // weight [CO, C/groups, taps] is B, contiguous along K. 128 x (16 kTN) tiles, K in steps of 8, 8 x kTN
 // outputs a thread, summed in float in K order; the next step's loads sit in registers while this step's
 // FMAs run (two shared buffers, one barrier a step). A warp's gathers of one K row are 32 consecutive
-// output positions, coalesced along the output's width.
+// output positions, coalesced along the output's width. With 32-bit index math (every index fits) a thread
+// stays within 128 registers, two blocks an SM (ptxas: 140 registers at one block, 36 bytes spilled at two).
 constexpr int CBM = 128, CBK = 8;
-template <int kTN>
-__global__ void __launch_bounds__(256) stitch_conv_igemm_kernel(const float* __restrict__ x,
-    const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y, ConvGeom g) {
+template <int kTN, typename I>
+__global__ void __launch_bounds__(256, sizeof(I) == 4 ? 2 : 1) stitch_conv_igemm_kernel(
+    const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
+    float* __restrict__ y, ConvGeom g) {
   constexpr int BN = 16 * kTN, BLOADS = CBK * BN / 256;
   __shared__ __align__(16) float As[2][CBK][CBM];
   __shared__ __align__(16) float Bs[2][CBK][BN + 4];  // padded: a warp's stores hit 32 banks
   const int tid = threadIdx.x;
-  const int64_t cg = g.c / g.groups, cog = g.co / g.groups;
-  const int64_t k12 = g.k[1] * g.k[2], taps = g.k[0] * k12;
-  const int64_t OW = g.out[2], OHW = g.out[1] * OW, plane = g.out[0] * OHW;
-  const int64_t in12 = g.in[1] * g.in[2], in_plane = g.in[0] * in12;
-  const int64_t M = g.n * plane, K = cg * taps;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * CBM, n0 = static_cast<int64_t>(blockIdx.y) * BN;
-  const int64_t grp = blockIdx.z;
+  // The geometry in the kernel's index type (32-bit where every index fits).
+  I in[3], kn[3], st[3], pd[3], dl[3];
+#pragma unroll
+  for (int j = 0; j < 3; ++j) {
+    in[j] = static_cast<I>(g.in[j]);
+    kn[j] = static_cast<I>(g.k[j]);
+    st[j] = static_cast<I>(g.stride[j]);
+    pd[j] = static_cast<I>(g.pad[j]);
+    dl[j] = static_cast<I>(g.dil[j]);
+  }
+  const I co_all = static_cast<I>(g.co), cg = static_cast<I>(g.c / g.groups);
+  const I cog = static_cast<I>(g.co / g.groups);
+  const I k12 = kn[1] * kn[2], taps = kn[0] * k12;
+  const I OW = static_cast<I>(g.out[2]), OHW = static_cast<I>(g.out[1]) * OW;
+  const I plane = static_cast<I>(g.out[0]) * OHW;
+  const I in12 = in[1] * in[2], in_plane = in[0] * in12;
+  const I M = static_cast<I>(g.n) * plane, K = cg * taps;
+  const I m0 = static_cast<I>(blockIdx.x) * CBM, n0 = static_cast<I>(blockIdx.y) * BN;
+  const I grp = static_cast<I>(blockIdx.z);
   // A: this thread gathers K row a_k of positions a_m, a_m + 32, a_m + 64, a_m + 96 (a warp's loads of one
   // row are 32 consecutive positions).
   const int a_k = tid >> 5, a_m = tid & 31;
-  int64_t a_base[4], a_d[4], a_h[4], a_w[4];
+  I a_base[4], a_d[4], a_h[4], a_w[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int64_t m = m0 + a_m + 32 * i;
-    const int64_t img = m / plane, pos = m - img * plane;
-    const int64_t od = pos / OHW, oh = (pos - od * OHW) / OW, ow = pos - od * OHW - oh * OW;
-    a_base[i] = m < M ? (img * g.c + grp * cg) * in_plane : -1;
-    a_d[i] = od * g.stride[0] - g.pad[0];
-    a_h[i] = oh * g.stride[1] - g.pad[1];
-    a_w[i] = ow * g.stride[2] - g.pad[2];
+    const I m = m0 + a_m + 32 * i;
+    const I img = m / plane, pos = m - img * plane;
+    const I od = pos / OHW, oh = (pos - od * OHW) / OW, ow = pos - od * OHW - oh * OW;
+    a_base[i] = m < M ? (img * static_cast<I>(g.c) + grp * cg) * in_plane : -1;
+    a_d[i] = od * st[0] - pd[0];
+    a_h[i] = oh * st[1] - pd[1];
+    a_w[i] = ow * st[2] - pd[2];
   }
   // B: this thread loads K column b_k of output channels b_n, b_n + 32, ...
   const int b_k = tid & 7, b_n = tid >> 3;
-  const float* wg = w + grp * cog * K;
+  const float* wg = w + static_cast<int64_t>(grp) * cog * K;
   float a_reg[4], b_reg[BLOADS];
-  auto load = [&](int64_t k0) {
-    const int64_t k = k0 + a_k;
+  auto load = [&](I k0) {
+    const I k = k0 + a_k;
     const bool k_ok = k < K;
-    const int64_t ci = k_ok ? k / taps : 0, t = k - ci * taps;
-    const int64_t kd = t / k12, kh = (t - kd * k12) / g.k[2], kw = t - kd * k12 - kh * g.k[2];
-    const int64_t dd = kd * g.dil[0], dh = kh * g.dil[1], dw = kw * g.dil[2];
+    const I ci = k_ok ? k / taps : 0, t = k - ci * taps;
+    const I kd = t / k12, kh = (t - kd * k12) / kn[2], kw = t - kd * k12 - kh * kn[2];
+    const I dd = kd * dl[0], dh = kh * dl[1], dw = kw * dl[2];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int64_t id = a_d[i] + dd, ih = a_h[i] + dh, iw = a_w[i] + dw;
-      const bool ok = k_ok && a_base[i] >= 0 && id >= 0 && id < g.in[0] && ih >= 0 && ih < g.in[1] &&
-                      iw >= 0 && iw < g.in[2];
-      a_reg[i] = ok ? __ldg(x + a_base[i] + ci * in_plane + id * in12 + ih * g.in[2] + iw) : 0.f;
+      const I id = a_d[i] + dd, ih = a_h[i] + dh, iw = a_w[i] + dw;
+      const bool ok = k_ok && a_base[i] >= 0 && id >= 0 && id < in[0] && ih >= 0 && ih < in[1] && iw >= 0 &&
+                      iw < in[2];
+      a_reg[i] = ok ? __ldg(x + a_base[i] + ci * in_plane + id * in12 + ih * in[2] + iw) : 0.f;
     }
-    const int64_t kb = k0 + b_k;
+    const I kb = k0 + b_k;
 #pragma unroll
     for (int i = 0; i < BLOADS; ++i) {
-      const int64_t n = n0 + b_n + 32 * i;
+      const I n = n0 + b_n + 32 * i;
       b_reg[i] = (kb < K && n < cog) ? __ldg(wg + n * K + kb) : 0.f;
     }
   };
@@ -244,7 +258,7 @@ __global__ void __launch_bounds__(256) stitch_conv_igemm_kernel(const float* __r
   store(0);
   __syncthreads();
   int buf = 0;
-  for (int64_t k0 = 0; k0 < K; k0 += CBK) {
+  for (I k0 = 0; k0 < K; k0 += CBK) {
     const bool next = k0 + CBK < K;
     if (next) load(k0 + CBK);
 #pragma unroll
@@ -270,15 +284,15 @@ __global__ void __launch_bounds__(256) stitch_conv_igemm_kernel(const float* __r
   }
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const int64_t m = m0 + (i < 4 ? tx * 4 + i : 64 + tx * 4 + i - 4);
+    const I m = m0 + (i < 4 ? tx * 4 + i : 64 + tx * 4 + i - 4);
     if (m >= M) continue;
-    const int64_t img = m / plane, pos = m - img * plane;
+    const I img = m / plane, pos = m - img * plane;
 #pragma unroll
     for (int j = 0; j < kTN; ++j) {
-      const int64_t n = n0 + (j < 4 ? ty * 4 + j : 64 + ty * 4 + j - 4);
+      const I n = n0 + (j < 4 ? ty * 4 + j : 64 + ty * 4 + j - 4);
       if (n >= cog) continue;
-      const int64_t co = grp * cog + n;
-      y[(img * g.co + co) * plane + pos] = acc[i][j] + (bias != nullptr ? __ldg(bias + co) : 0.f);
+      const I co = grp * cog + n;
+      y[(img * co_all + co) * plane + pos] = acc[i][j] + (bias != nullptr ? __ldg(bias + co) : 0.f);
     }
   }
 }
@@ -295,10 +309,19 @@ static bool stitch_conv_igemm(const float* x, const float* w, const float* bias,
   if (grid_m > 0x7fffffff || grid_n > 65535 || g.groups > 65535) return false;
   const dim3 grid(static_cast<unsigned>(grid_m), static_cast<unsigned>(grid_n),
                   static_cast<unsigned>(g.groups));
-  if (tn == 8)
-    stitch_conv_igemm_kernel<8><<<grid, 256, 0, stitch::current_stream()>>>(x, w, bias, y, g);
+  // 32-bit index math (fewer registers) wherever the input, weight and output index in 31 bits.
+  const int64_t limit = int64_t{1} << 31;
+  const bool narrow = g.n * g.c * g.in[0] * g.in[1] * g.in[2] < limit && M * g.co < limit &&
+                      g.co * K < limit;
+  cudaStream_t stream = stitch::current_stream();
+  if (tn == 8 && narrow)
+    stitch_conv_igemm_kernel<8, int32_t><<<grid, 256, 0, stream>>>(x, w, bias, y, g);
+  else if (tn == 8)
+    stitch_conv_igemm_kernel<8, int64_t><<<grid, 256, 0, stream>>>(x, w, bias, y, g);
+  else if (narrow)
+    stitch_conv_igemm_kernel<4, int32_t><<<grid, 256, 0, stream>>>(x, w, bias, y, g);
   else
-    stitch_conv_igemm_kernel<4><<<grid, 256, 0, stitch::current_stream()>>>(x, w, bias, y, g);
+    stitch_conv_igemm_kernel<4, int64_t><<<grid, 256, 0, stream>>>(x, w, bias, y, g);
   STITCH_LAUNCH_CHECK();
   return true;
 }

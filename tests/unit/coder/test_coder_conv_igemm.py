@@ -20,7 +20,7 @@ IGEMM_ON_CPU = r"""
 #include <thread>
 #include <vector>
 #define __global__
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 #define __forceinline__ inline
@@ -34,7 +34,7 @@ static pthread_barrier_t stitch_barrier;
 static inline void __syncthreads() { pthread_barrier_wait(&stitch_barrier); }
 __COMMON__
 __KERNEL__
-template <int kTN>
+template <int kTN, typename I>
 static void stitch_conv_igemm_emulated(const float* x, const float* w, const float* bias, float* y,
                                        const ConvGeom& g) {
   const int64_t cog = g.co / g.groups, M = g.n * g.out[0] * g.out[1] * g.out[2];
@@ -48,23 +48,30 @@ static void stitch_conv_igemm_emulated(const float* x, const float* w, const flo
           block.emplace_back([=, &g] {
             blockIdx = {bx, by, bz};
             threadIdx = {t, 0, 0};
-            stitch_conv_igemm_kernel<kTN>(x, w, bias, y, g);
+            stitch_conv_igemm_kernel<kTN, I>(x, w, bias, y, g);
           });
         for (std::thread& th : block) th.join();
       }
   pthread_barrier_destroy(&stitch_barrier);
 }
 static int64_t stitch_tn = 8;
+static bool stitch_wide = false;
 static void stitch_conv_launch(const float* x, const float* w, const float* bias, float* y,
                                const int64_t* geom, bool transposed) {
   const ConvGeom g = conv_geom(geom);
-  stitch_tn == 8 ? stitch_conv_igemm_emulated<8>(x, w, bias, y, g) : stitch_conv_igemm_emulated<4>(x, w, bias, y, g);
+  if (stitch_wide)
+    stitch_tn == 8 ? stitch_conv_igemm_emulated<8, int64_t>(x, w, bias, y, g)
+                   : stitch_conv_igemm_emulated<4, int64_t>(x, w, bias, y, g);
+  else
+    stitch_tn == 8 ? stitch_conv_igemm_emulated<8, int32_t>(x, w, bias, y, g)
+                   : stitch_conv_igemm_emulated<4, int32_t>(x, w, bias, y, g);
 }
 __HOST__
 at::Tensor stitch_conv_tn(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                           const std::vector<int64_t>& stride, const std::vector<int64_t>& pad,
-                          const std::vector<int64_t>& dil, int64_t groups, int64_t tn) {
+                          const std::vector<int64_t>& dil, int64_t groups, int64_t tn, bool wide) {
   stitch_tn = tn;
+  stitch_wide = wide;
   const std::vector<int64_t> none(stride.size(), 0);
   return stitch_conv(x, w, bias, stride, pad, pad, dil, none, groups, false);
 }
@@ -106,6 +113,7 @@ def test_igemm_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path) -> 
             x.double(), w.double(), b.double() if b is not None else None, stride, pad, dil, groups
         )
         for tn in (4, 8):
-            got = ext.stitch_conv_tn(x, w, b, list(stride), list(pad), list(dil), groups, tn)
-            assert got.shape == want.shape
-            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+            for wide in (False, True):  # 32- and 64-bit index math
+                got = ext.stitch_conv_tn(x, w, b, list(stride), list(pad), list(dil), groups, tn, wide)
+                assert got.shape == want.shape
+                torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
