@@ -176,12 +176,127 @@ __global__ void __launch_bounds__(256) stitch_gemm_kernel(
   }
 }
 
+// Custom SGEMM, large tiles (CUDA): 128x128 block tiles over K in steps of 8, 8x8 outputs a thread, summed
+// in float in K order, the next step's loads in registers while this step's FMAs run (two shared buffers,
+// one barrier a step). Each operand is staged along its contiguous dimension (a warp reads 32 consecutive
+// elements, or 4 rows of 8 along K); lanes take consecutive output columns, so stores are coalesced.
+constexpr int HBM = 128, HBN = 128, HBK = 8;
+template <typename I>
+__global__ void __launch_bounds__(256, sizeof(I) == 4 ? 2 : 1) stitch_gemm_big_kernel(
+    const float* __restrict__ A, const float* __restrict__ B, const float* __restrict__ bias,
+    float* __restrict__ C, I M, I N, I K, I sAb, I sAm, I sAk, I sBb, I sBk, I sBn) {
+  __shared__ __align__(16) float As[2][HBK][HBM + 4];
+  __shared__ __align__(16) float Bs[2][HBK][HBN + 4];
+  const int tid = threadIdx.x;
+  const I m0 = static_cast<I>(blockIdx.y) * HBM, n0 = static_cast<I>(blockIdx.x) * HBN;
+  const float* Ab = A + static_cast<int64_t>(blockIdx.z) * sAb;
+  const float* Bb = B + static_cast<int64_t>(blockIdx.z) * sBb;
+  // Element e (0..3) of this thread's loads: (row along K, column along M or N) of the tile.
+  const bool a_k_contig = sAk == 1 && sAm != 1, b_k_contig = sBk == 1 && sBn != 1;
+  auto a_at = [&](int e, int& k, int& m) {
+    if (a_k_contig) k = (tid & 1) * 4 + e, m = tid >> 1;
+    else k = tid >> 5, m = (tid & 31) + 32 * e;
+  };
+  auto b_at = [&](int e, int& k, int& n) {
+    if (b_k_contig) k = (tid & 1) * 4 + e, n = tid >> 1;
+    else k = tid >> 5, n = (tid & 31) + 32 * e;
+  };
+  float a_reg[4], b_reg[4];
+  auto load = [&](I k0) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int k, m, n;
+      a_at(e, k, m);
+      const I gk = k0 + k, gm = m0 + m;
+      a_reg[e] = (gm < M && gk < K) ? __ldg(Ab + gm * sAm + gk * sAk) : 0.f;
+      b_at(e, k, n);
+      const I gk2 = k0 + k, gn = n0 + n;
+      b_reg[e] = (gn < N && gk2 < K) ? __ldg(Bb + gk2 * sBk + gn * sBn) : 0.f;
+    }
+  };
+  auto store = [&](int buf) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int k, m, n;
+      a_at(e, k, m);
+      As[buf][k][m] = a_reg[e];
+      b_at(e, k, n);
+      Bs[buf][k][n] = b_reg[e];
+    }
+  };
+  const int tx = tid & 15, ty = tid >> 4;  // tx: output columns, ty: output rows
+  float acc[8][8] = {};
+  load(0);
+  store(0);
+  __syncthreads();
+  int buf = 0;
+  for (I k0 = 0; k0 < K; k0 += HBK) {
+    const bool next = k0 + HBK < K;
+    if (next) load(k0 + HBK);
+#pragma unroll
+    for (int kk = 0; kk < HBK; ++kk) {
+      const float4 a0 = *reinterpret_cast<const float4*>(&As[buf][kk][ty * 4]);
+      const float4 a1 = *reinterpret_cast<const float4*>(&As[buf][kk][64 + ty * 4]);
+      const float4 b0 = *reinterpret_cast<const float4*>(&Bs[buf][kk][tx * 4]);
+      const float4 b1 = *reinterpret_cast<const float4*>(&Bs[buf][kk][64 + tx * 4]);
+      const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+    if (next) store(buf ^ 1);
+    __syncthreads();
+    buf ^= 1;
+  }
+  float* Cb = C + static_cast<int64_t>(blockIdx.z) * M * N;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const I gm = m0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4);
+    if (gm >= M) continue;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const I gn = n0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + j - 4);
+      if (gn < N) Cb[gm * N + gn] = acc[i][j] + (bias != nullptr ? __ldg(bias + gn) : 0.f);
+    }
+  }
+}
+
+// The large tiles where they fill the device at two blocks an SM; the 64x64 kernel otherwise.
+static bool stitch_gemm_big(const float* A, const float* B, const float* bias, float* C, int64_t batch,
+                            int64_t M, int64_t N, int64_t K, int64_t sAb, int64_t sAm, int64_t sAk,
+                            int64_t sBb, int64_t sBk, int64_t sBn) {
+  const int64_t tiles_m = (M + HBM - 1) / HBM, tiles_n = (N + HBN - 1) / HBN;
+  if (tiles_m * tiles_n * batch < 2 * sm_count() || tiles_m > 65535) return false;
+  const dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m),
+                  static_cast<unsigned>(batch));
+  cudaStream_t stream = stitch::current_stream();
+  // 32-bit index math where every offset of A, B and C fits in 31 bits.
+  auto span = [](int64_t b, int64_t sb, int64_t r, int64_t sr, int64_t c, int64_t sc) {
+    return (b - 1) * std::abs(sb) + (r - 1) * std::abs(sr) + (c - 1) * std::abs(sc) + 1;
+  };
+  const int64_t limit = int64_t{1} << 31;
+  if (span(batch, sAb, M, sAm, K, sAk) < limit && span(batch, sBb, K, sBk, N, sBn) < limit &&
+      batch * M * N < limit)
+    stitch_gemm_big_kernel<int32_t><<<grid, 256, 0, stream>>>(
+        A, B, bias, C, static_cast<int32_t>(M), static_cast<int32_t>(N), static_cast<int32_t>(K),
+        static_cast<int32_t>(sAb), static_cast<int32_t>(sAm), static_cast<int32_t>(sAk),
+        static_cast<int32_t>(sBb), static_cast<int32_t>(sBk), static_cast<int32_t>(sBn));
+  else
+    stitch_gemm_big_kernel<int64_t><<<grid, 256, 0, stream>>>(A, B, bias, C, M, N, K, sAb, sAm, sAk, sBb,
+                                                                sBk, sBn);
+  STITCH_LAUNCH_CHECK();
+  return true;
+}
+
 static void stitch_gemm_launch(const float* A, const float* B, const float* bias, float* C,
     int64_t batch, int64_t M,
                                int64_t N, int64_t K, int64_t sAb, int64_t sAm, int64_t sAk, int64_t sBb,
                                int64_t sBk, int64_t sBn) {
   if (batch == 0 || M == 0 || N == 0) return;
   STITCH_CHECK(batch <= 65535, "custom gemm: batch too large");
+  if (stitch_gemm_big(A, B, bias, C, batch, M, N, K, sAb, sAm, sAk, sBb, sBk, sBn)) return;
   const dim3 grid(static_cast<unsigned>((N + GBN - 1) / GBN), static_cast<unsigned>((M + GBM - 1) / GBM),
                   static_cast<unsigned>(batch));
   stitch_gemm_kernel<<<grid, 256, 0, stitch::current_stream()>>>(A, B, bias, C, M, N, K, sAb,

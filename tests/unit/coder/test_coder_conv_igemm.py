@@ -13,7 +13,8 @@ from torch.utils import cpp_extension
 
 from stitchcuda.coder.synth import convolution
 
-IGEMM_ON_CPU = r"""
+# CUDA's built-ins for kernel text compiled by the host compiler: a thread here per CUDA thread.
+EMULATION_PRELUDE = r"""
 #include <torch/extension.h>
 #include <pthread.h>
 #include <cmath>
@@ -32,6 +33,10 @@ static inline float4 make_float4(float x, float y, float z, float w) { return {x
 static inline float __ldg(const float* p) { return *p; }
 static pthread_barrier_t stitch_barrier;
 static inline void __syncthreads() { pthread_barrier_wait(&stitch_barrier); }
+"""
+
+IGEMM_ON_CPU = r"""
+__PRELUDE__
 __COMMON__
 __KERNEL__
 template <int kTN, typename I>
@@ -94,7 +99,8 @@ def test_igemm_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path) -> 
     ext = cpp_extension.load_inline(  # type: ignore[no-untyped-call]
         name="stitch_conv_igemm_on_cpu",
         cpp_sources=[
-            IGEMM_ON_CPU.replace("__COMMON__", convolution.COMMON)
+            IGEMM_ON_CPU.replace("__PRELUDE__", EMULATION_PRELUDE)
+            .replace("__COMMON__", convolution.COMMON)
             .replace("__KERNEL__", kernel)
             .replace("__HOST__", convolution.HOST)
         ],

@@ -1,0 +1,82 @@
+"""The custom SGEMM's large-tile kernel text (CUDA) run on the CPU, thread by thread as
+test_coder_conv_igemm.py runs the convolution: operands staged along either contiguous dimension, partial
+tiles in M, N and K, batches, bias, 32- and 64-bit index math, against torch in float64."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_coder_conv_igemm import EMULATION_PRELUDE
+from torch.utils import cpp_extension
+
+from stitchcuda.coder.synth import libops
+
+GEMM_ON_CPU = r"""
+__PRELUDE__
+#include <cstdlib>
+__KERNEL__
+template <typename I>
+static void stitch_gemm_emulated(const float* A, const float* B, const float* bias, float* C, int64_t batch,
+                                 int64_t M, int64_t N, int64_t K, const int64_t* s) {
+  pthread_barrier_init(&stitch_barrier, nullptr, 256);
+  for (unsigned bz = 0; bz < batch; ++bz)
+    for (unsigned by = 0; by < (M + HBM - 1) / HBM; ++by)
+      for (unsigned bx = 0; bx < (N + HBN - 1) / HBN; ++bx) {
+        std::vector<std::thread> block;
+        for (unsigned t = 0; t < 256; ++t)
+          block.emplace_back([=] {
+            blockIdx = {bx, by, bz};
+            threadIdx = {t, 0, 0};
+            stitch_gemm_big_kernel<I>(A, B, bias, C, M, N, K, s[0], s[1], s[2], s[3], s[4], s[5]);
+          });
+        for (std::thread& th : block) th.join();
+      }
+  pthread_barrier_destroy(&stitch_barrier);
+}
+// C [batch, M, N] = A [batch, M, K] @ B [batch, K, N] (+ bias), with the operands' own strides.
+at::Tensor stitch_gemm_tiles(const at::Tensor& A, const at::Tensor& B, const c10::optional<at::Tensor>& bias,
+                             bool wide) {
+  const int64_t batch = A.size(0), M = A.size(1), K = A.size(2), N = B.size(2);
+  at::Tensor C = at::empty({batch, M, N}, A.options());
+  const int64_t s[6] = {A.stride(0), A.stride(1), A.stride(2), B.stride(0), B.stride(1), B.stride(2)};
+  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  if (wide)
+    stitch_gemm_emulated<int64_t>(A.data_ptr<float>(), B.data_ptr<float>(), b, C.data_ptr<float>(), batch, M, N, K, s);
+  else
+    stitch_gemm_emulated<int32_t>(A.data_ptr<float>(), B.data_ptr<float>(), b, C.data_ptr<float>(), batch, M, N, K, s);
+  return C;
+}
+"""
+
+# (batch, M, N, K, A stored K-major?, B stored N-major?, bias)
+SHAPES = [
+    (1, 130, 70, 19, True, True, True),  # partial tiles everywhere
+    (2, 128, 128, 24, False, False, False),  # exact tiles, both operands staged the other way
+    (1, 5, 200, 33, True, False, True),  # a Linear layer's shape: B is the weight [N, K]
+    (3, 257, 9, 8, False, True, False),
+]
+
+
+@pytest.mark.slow
+def test_large_tile_gemm_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path) -> None:
+    source = libops.CUDA_KERNELS
+    kernel = source[source.index("constexpr int HBM") : source.index("// The large tiles where")]
+    ext = cpp_extension.load_inline(  # type: ignore[no-untyped-call]
+        name="stitch_gemm_tiles_on_cpu",
+        cpp_sources=[GEMM_ON_CPU.replace("__PRELUDE__", EMULATION_PRELUDE).replace("__KERNEL__", kernel)],
+        functions=["stitch_gemm_tiles"],
+        extra_cflags=["-O1", "-pthread"],
+        extra_ldflags=["-pthread"],
+        build_directory=str(tmp_path),
+    )
+    torch.manual_seed(0)
+    for batch, m, n, k, a_rows, b_rows, has_bias in SHAPES:
+        a = torch.randn(batch, m, k) if a_rows else torch.randn(batch, k, m).transpose(1, 2)
+        b = torch.randn(batch, k, n) if b_rows else torch.randn(batch, n, k).transpose(1, 2)
+        bias = torch.randn(n) if has_bias else None
+        want = a.double() @ b.double() + (bias.double() if bias is not None else 0)
+        for wide in (False, True):
+            got = ext.stitch_gemm_tiles(a, b, bias, wide)
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
