@@ -58,6 +58,8 @@ TRITON_SPAN = "triton::"
 # identifier, so no extension function (spans `<token>::<function name>`) can share it.
 CALL_SPAN = "<profiled call>"
 _GLOBAL = re.compile(r"__global__\s+(?:[\w:<>,\s\*&]*?\s)?(\w+)\s*\(")
+# `__launch_bounds__(...)`, its arguments with one level of parentheses (`(256, sizeof(I) == 4 ? 2 : 1)`).
+_BOUNDS = re.compile(r"__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)")
 
 
 @dataclass
@@ -108,7 +110,7 @@ def global_symbols(sources: dict[str, str]) -> set[str]:
     """`__global__` kernel names defined in the candidate's sources (a fallback for attribution)."""
     names: set[str] = set()
     for text in sources.values():
-        clean = re.sub(r"__launch_bounds__\s*\([^)]*\)", " ", text)
+        clean = _BOUNDS.sub(" ", text)
         names.update(m.group(1) for m in _GLOBAL.finditer(clean))
     return {n for n in names if len(n) >= 3}
 

@@ -70,6 +70,8 @@ def compare(source: str, model_new: str) -> None:
     ref = ns["Model"](*init).cuda().double()  # type: ignore[operator]
     torch.manual_seed(0)
     new = mn["ModelNew"](*init).cuda()  # type: ignore[operator]
+    torch.manual_seed(0)
+    ref32 = ns["Model"](*init).cuda()  # type: ignore[operator]
     for seed in (21, 22):
         torch.manual_seed(seed)
         inputs = [x.cuda() for x in ns["get_inputs"]()]  # type: ignore[operator]
@@ -77,10 +79,13 @@ def compare(source: str, model_new: str) -> None:
             with torch.no_grad():
                 want = ref(*[x.double() for x in xs])
                 got = new(*xs)
+                own = ((ref32(*xs).double() - want).norm() / want.norm()).item()
             torch.cuda.synchronize()
             assert got.is_cuda and got.dtype == torch.float32 and got.shape == want.shape
             rel = ((got.double() - want).norm() / want.norm()).item()
-            assert rel < 1e-5, f"relative L2 error {rel:.2e}"
+            # The Verifier's rule: within 1e-5, or 10x the float32 reference's own error (a deep model's:
+            # ResNet-101 in training mode, 1e-5 and up).
+            assert rel < max(1e-5, 10 * own), f"relative L2 error {rel:.2e} (the reference's own {own:.2e})"
 
 
 @pytest.mark.parametrize("name", SUITE)

@@ -384,6 +384,9 @@ class Normalizer:
             self.g.add_op(Op(INPUT, "input", node.name, origin=node.name))
             self.g.inputs.append((node.name, node.target))
             return
+        if node.op == "get_attr" and node.constant is not None:
+            self.define(node, self.graph_constant(node))
+            return
         if node.op == "get_attr":
             v = self.meta_value(node.name, node.meta)
             if v.kind != "tensor":
@@ -584,6 +587,20 @@ class Normalizer:
             sizes.append(Ref(ident))
         shape = tuple(width if d == dim else s for d, s in enumerate(self.shape_of(like)))
         return self.view_op("expand", one, {"args": sizes, "kwargs": {}}, shape, origin)
+
+    def graph_constant(self, node: TracedNode) -> Ref:
+        """A one-element tensor torch.fx kept as a graph attribute (`torch.tensor(self.value)` in a symbolic
+        trace): the model has no such attribute, so its value is folded in like `torch.tensor(number)`."""
+        meta = self.meta_value(node.name, node.meta)
+        value = node.constant
+        if isinstance(value, bool) or not isinstance(value, int | float) or meta.dtype not in FLOAT_DTYPES:
+            raise Unsupported(f"{node.name}: a constant {node.target} of dtype {meta.dtype}")
+        one = self.emit_ew("identity", [Const(float(value))], [], node.name)
+        if not meta.shape:
+            return one
+        return self.view_op(
+            "expand", one, {"args": [Const(n) for n in meta.shape], "kwargs": {}}, meta.shape, node.name
+        )
 
     def tensor_literal(self, node: TracedNode, args: list[Any]) -> Ref:
         """`torch.tensor(number)`: a 0-d constant, folded into the kernels that read it."""

@@ -30,6 +30,7 @@ class TracedNode:
     module: dict[str, Any] | None = None
     is_parameter: bool = False
     is_buffer: bool = False
+    constant: float | int | bool | None = None  # the value of a one-element graph constant
 
 
 @dataclass
@@ -109,6 +110,7 @@ def trace_from_json(data: dict[str, Any]) -> Trace:
             module=n.get("module"),
             is_parameter=bool(n.get("is_parameter")),
             is_buffer=bool(n.get("is_buffer")),
+            constant=n.get("constant"),
         )
         for n in data["nodes"]
     ]

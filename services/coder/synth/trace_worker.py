@@ -154,7 +154,10 @@ def module_info(mod: torch.nn.Module) -> dict[str, Any]:
     }
 
 
-def graph_nodes(gm: torch.fx.GraphModule, meta: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def graph_nodes(
+    gm: torch.fx.GraphModule, meta: dict[str, dict[str, Any]], state: set[str]
+) -> list[dict[str, Any]]:
+    """The graph's nodes as data; `state` names the model's own parameters and buffers."""
     nodes = []
     for n in gm.graph.nodes:
         entry: dict[str, Any] = {
@@ -171,6 +174,13 @@ def graph_nodes(gm: torch.fx.GraphModule, meta: dict[str, dict[str, Any]]) -> li
             path = str(n.target)
             entry["is_parameter"] = any(name == path for name, _ in gm.named_parameters())
             entry["is_buffer"] = any(name == path for name, _ in gm.named_buffers())
+            # A tensor torch.fx made of a value the forward built from numbers (`torch.tensor(0.5)`): a
+            # graph attribute `_tensor_constantN` (a buffer of the graph module) that the model does not
+            # have. One element travels as its value.
+            value = getattr(gm, path, None)
+            one = isinstance(value, torch.Tensor) and value.numel() == 1 and value.device.type != "meta"
+            if path not in state and one and not value.is_complex():
+                entry["constant"] = value.item()
         nodes.append(entry)
     return nodes
 
@@ -466,6 +476,10 @@ def fx_trace(
     return retrace(model), retrace, True
 
 
+def own_state(model: torch.nn.Module) -> set[str]:
+    return {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
+
+
 def trace(source: str, init_source: str | None) -> dict[str, Any]:
     ns: dict[str, Any] = {"__name__": "reference"}
     exec(compile(source, "reference.py", "exec"), ns)
@@ -486,7 +500,7 @@ def trace(source: str, init_source: str | None) -> dict[str, Any]:
     inputs, recorder = run_shapes(gm, make_inputs)
     result: dict[str, Any] = {
         "ok": True,
-        "nodes": graph_nodes(gm, recorder.meta),
+        "nodes": graph_nodes(gm, recorder.meta, own_state(model)),
         "inputs": [value_meta(x) for x in inputs],
         "init_inputs": encode(list(ns["get_init_inputs"]())),
         "training": bool(model.training),

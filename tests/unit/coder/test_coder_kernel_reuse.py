@@ -132,3 +132,25 @@ def test_public_resnet101_is_a_few_dozen_kernels(synth: Synthesizer) -> None:
 def test_the_deep_program_compiles_for_cuda(synth: Synthesizer, tmp_path: Path) -> None:
     write_dir(to_candidate(synth.synthesize(DEEP, None, variant=Variant(), device="cuda")), tmp_path / "p")
     assert_program_compiles(tmp_path / "p", tmp_path)
+
+
+def test_the_verifier_attributes_every_kernel_the_program_defines(synth: Synthesizer) -> None:
+    """The Verifier tells the program's own kernels from vendor ones by the `__global__` names it defines; a
+    kernel it misses whose name says "gemm" is taken for cuBLAS (the GPU run of stop 32 rejected the new
+    convolution as D6.library-kernel: its `__launch_bounds__` has a parenthesised argument)."""
+    from stitchcuda.verifier.accounting import global_symbols
+
+    mixed = DEEP.replace(
+        "        self.last = Block(2 * c)\n",
+        "        self.last = Block(2 * c)\n        self.fc = nn.Linear(2 * c, 5)\n",
+    )
+    mixed = mixed.replace(
+        "return self.last(self.widen(self.blocks(x))).mean(dim=(2, 3))",
+        "return self.fc(self.last(self.widen(self.blocks(x))).mean(dim=(2, 3)))",
+    )
+    kernels = synth.synthesize(mixed, None, variant=Variant(), device="cuda").files["kernels.cu"]
+    defined = set(
+        re.findall(r"__global__ void (?:__launch_bounds__\((?:[^()]|\([^()]*\))*\) )?(\w+)\(", kernels)
+    )
+    assert {"stitch_gemm_big_kernel", "stitch_gemm_kernel", "stitch_conv_igemm_kernel"} <= defined
+    assert defined <= global_symbols({"kernels.cu": kernels})

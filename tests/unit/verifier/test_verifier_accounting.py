@@ -132,6 +132,10 @@ def test_gpu_kernel_named_like_candidate_but_launched_by_torch_is_not_custom():
 def test_global_symbols_from_sources():
     src = "template <int B> __global__ void __launch_bounds__(256) fused_gelu(float* x) {}\n__global__ void k2(){}"
     assert global_symbols({"k.cu": src}) == {"fused_gelu"}
+    # Bounds computed from template arguments (the Coder's own GEMM and convolution, stop 32: missed, they
+    # were taken for vendor kernels by the "gemm" in their names and rejected as D6.library-kernel).
+    src = "template <typename I>\n__global__ void __launch_bounds__(256, sizeof(I) == 4 ? 2 : 1) stitch_gemm_big_kernel("
+    assert global_symbols({"k.cu": src + "const float* A) {}"}) == {"stitch_gemm_big_kernel"}
 
 
 def _gpu_named(kernel: str) -> list[dict[str, object]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from stitchcuda.verifier import compare
@@ -35,13 +36,14 @@ def test_a_float32_target_without_a_float64_twin_widens_the_floors():
     # A random reference has no float64 twin: the target carries float32 error of its own.
     refs = [(r32, None) for r32, _ in _refs(lambda x: torch.tanh(x) * x)]
     tols = _tols(refs)
-    assert tols[0].rel_l2 == 4e-5 and tols[0].rel_max == 4e-4
+    assert tols[0].rel_l2 == pytest.approx(1e-4) and tols[0].rel_max == pytest.approx(1e-3)
     # ... and a wrong program is still far outside them.
     x = _input(1, (64, 128))
     assert not compare.check_set([torch.tanh(x) * x * (1 + 1e-3)], refs[0][0], None, tols).ok
+    assert compare.check_set([torch.tanh(x) * x * (1 + 5e-5)], refs[0][0], None, tols).ok
     # A summary of a large output says whether its error was measured against float64.
     summary = {"kind": compare.sketch.MARK, "err_l2": 0.0, "err_max": 0.0, "measured": False}
-    assert _tols([([summary], None)])[0].rel_l2 == 4e-5
+    assert _tols([([summary], None)])[0].rel_l2 == pytest.approx(1e-4)
     assert _tols([([dict(summary, measured=True)], None)])[0].rel_l2 == 1e-5
 
 
