@@ -154,6 +154,13 @@ def module_info(mod: torch.nn.Module) -> dict[str, Any]:
     }
 
 
+def one_known_element(value: Any) -> bool:
+    """A tensor of one element whose value is here (not on the meta device), real."""
+    if not isinstance(value, torch.Tensor):
+        return False
+    return value.numel() == 1 and value.device.type != "meta" and not value.is_complex()
+
+
 def graph_nodes(
     gm: torch.fx.GraphModule, meta: dict[str, dict[str, Any]], state: set[str]
 ) -> list[dict[str, Any]]:
@@ -177,9 +184,8 @@ def graph_nodes(
             # A tensor torch.fx made of a value the forward built from numbers (`torch.tensor(0.5)`): a
             # graph attribute `_tensor_constantN` (a buffer of the graph module) that the model does not
             # have. One element travels as its value.
-            value = getattr(gm, path, None)
-            one = isinstance(value, torch.Tensor) and value.numel() == 1 and value.device.type != "meta"
-            if path not in state and one and not value.is_complex():
+            value: Any = getattr(gm, path, None)
+            if path not in state and one_known_element(value):
                 entry["constant"] = value.item()
         nodes.append(entry)
     return nodes
