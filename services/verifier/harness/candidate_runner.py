@@ -701,6 +701,7 @@ def main() -> None:
             {"kind": "fault", "stage": "device", "error": "torch.cuda.is_available() is False in the sandbox"}
         )
         exit_now(out, 4)
+    common.ieee_fp32(torch)
     if args.threads:
         torch.set_num_threads(args.threads)
     clock = common.Clock(device)

@@ -43,6 +43,7 @@ def main() -> None:
 
     import torch
 
+    common.ieee_fp32(torch)
     if header.get("threads"):
         torch.set_num_threads(int(header["threads"]))
     send = lambda h, p=b"": wire.write_frame(out, h, p, args.share, args.share_min)  # noqa: E731
