@@ -6,6 +6,7 @@ groups, 1-3 spatial dims) is checked against torch; tests/gpu/test_synth_conv_gp
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -82,6 +83,19 @@ at::Tensor stitch_conv_tn(const at::Tensor& x, const at::Tensor& w, const c10::o
 }
 """
 
+
+def load_emulated(name: str, source: str, function: str, build_dir: Path) -> Any:
+    """Kernel text (with `__PRELUDE__` where CUDA's built-ins go) built for the CPU; the extension."""
+    return cpp_extension.load_inline(  # type: ignore[no-untyped-call]
+        name=name,
+        cpp_sources=[source.replace("__PRELUDE__", EMULATION_PRELUDE)],
+        functions=[function],
+        extra_cflags=["-O1", "-pthread"],
+        extra_ldflags=["-pthread"],
+        build_directory=str(build_dir),
+    )
+
+
 # (x shape, weight shape, stride, padding, dilation, groups, bias)
 GEOMETRIES = [
     ((2, 8, 9, 11), (32, 8, 3, 3), (1, 1), (1, 1), (1, 1), 1, True),  # 198 positions: two M tiles
@@ -96,18 +110,9 @@ GEOMETRIES = [
 def test_igemm_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path) -> None:
     source = convolution.CUDA
     kernel = source[source.index("constexpr int CBM") : source.index("// The implicit GEMM where")]
-    ext = cpp_extension.load_inline(  # type: ignore[no-untyped-call]
-        name="stitch_conv_igemm_on_cpu",
-        cpp_sources=[
-            IGEMM_ON_CPU.replace("__PRELUDE__", EMULATION_PRELUDE)
-            .replace("__COMMON__", convolution.COMMON)
-            .replace("__KERNEL__", kernel)
-            .replace("__HOST__", convolution.HOST)
-        ],
-        functions=["stitch_conv_tn"],
-        extra_cflags=["-O1", "-pthread"],
-        extra_ldflags=["-pthread"],
-        build_directory=str(tmp_path),
+    source = IGEMM_ON_CPU.replace("__COMMON__", convolution.COMMON).replace("__KERNEL__", kernel)
+    ext = load_emulated(
+        "stitch_conv_igemm_on_cpu", source.replace("__HOST__", convolution.HOST), "stitch_conv_tn", tmp_path
     )
     functional = torch.nn.functional
     torch.manual_seed(0)

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_coder_conv_igemm import EMULATION_PRELUDE
-from torch.utils import cpp_extension
+from test_coder_conv_igemm import load_emulated
 
 from stitchcuda.coder.synth import libops
 
@@ -63,13 +62,8 @@ SHAPES = [
 def test_large_tile_gemm_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path) -> None:
     source = libops.CUDA_KERNELS
     kernel = source[source.index("constexpr int HBM") : source.index("// The large tiles where")]
-    ext = cpp_extension.load_inline(  # type: ignore[no-untyped-call]
-        name="stitch_gemm_tiles_on_cpu",
-        cpp_sources=[GEMM_ON_CPU.replace("__PRELUDE__", EMULATION_PRELUDE).replace("__KERNEL__", kernel)],
-        functions=["stitch_gemm_tiles"],
-        extra_cflags=["-O1", "-pthread"],
-        extra_ldflags=["-pthread"],
-        build_directory=str(tmp_path),
+    ext = load_emulated(
+        "stitch_gemm_tiles_on_cpu", GEMM_ON_CPU.replace("__KERNEL__", kernel), "stitch_gemm_tiles", tmp_path
     )
     torch.manual_seed(0)
     for batch, m, n, k, a_rows, b_rows, has_bias in SHAPES:
