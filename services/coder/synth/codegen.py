@@ -70,7 +70,7 @@ class KernelBodies:
     only in their names): ResNet-101's kernels.cu was 4.2 MB of 724 kernels, 10 distinct, and nvcc did not
     finish it. Two kernels are the same when their sources are equal up to the kernel's own name, their
     local value names (`v_*`, renamed consistently in order of first use, so alpha-equivalent bodies only)
-    and whole-line comments; a later one then launches the first one's entry point.
+    and whole-line comments; a later one then launches the first one's entry point (`add` names it).
     """
 
     def __init__(self) -> None:
@@ -94,14 +94,6 @@ class KernelBodies:
         if first == name:
             self.functions.append(source)
         return first
-
-    @staticmethod
-    def relaunch(lines: list[str], name: str, first: str) -> list[str]:
-        """Launch lines of kernel `name` calling `first`'s entry point (launcher or CPU function) instead."""
-        if first == name:
-            return lines
-        call = re.compile(rf"\b{re.escape(name)}(_launch)?\(")
-        return [call.sub(lambda m: f"{first}{m.group(1) or ''}(", line) for line in lines]
 
 
 class Scope:
@@ -357,8 +349,8 @@ def release_dead(lines: list[str], keep: set[str]) -> list[str]:
     owner: list[int] = []
     declared: set[str] = set()
     pinned = set(keep)
-    for i, line in enumerate(lines):
-        code = _STRING.sub('""', line)
+    codes = [_STRING.sub('""', line) for line in lines]  # string literals emptied: braces and names in code
+    for i, (line, code) in enumerate(zip(lines, codes, strict=True)):
         if depth == 0:
             start = i
             m = _TOP_TENSOR.match(line)
@@ -373,8 +365,8 @@ def release_dead(lines: list[str], keep: set[str]) -> list[str]:
     if depth != 0:
         return lines  # braces that do not balance (a string this scan misread): release nothing
     last: dict[str, int] = {}
-    for i, line in enumerate(lines):
-        for name in _TENSOR_NAME.findall(_STRING.sub('""', line)):
+    for i, code in enumerate(codes):
+        for name in _TENSOR_NAME.findall(code):
             last[name] = end_of[owner[i]]
     after: dict[int, list[str]] = {}
     for name in sorted(declared - pinned):

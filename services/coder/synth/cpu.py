@@ -461,12 +461,12 @@ class CpuKernels:
             source = self.row(info)
         else:
             source = self.pool(info)
-        first = self.bodies.add(k.name, source)
-        return KernelBodies.relaunch(launch_lines(info, host, backend="cpu"), k.name, first)
+        return launch_lines(info, host, backend="cpu", entry=self.bodies.add(k.name, source))
 
 
-def launch_lines(info: KernelInfo, host: Host, *, backend: str) -> list[str]:
-    """Host code for one kernel: domain, operand checks and descriptors, output, and the call."""
+def launch_lines(info: KernelInfo, host: Host, *, backend: str, entry: str) -> list[str]:
+    """Host code for one kernel: domain, operand checks and descriptors, output, and the call of `entry`'s
+    function (this kernel's, or that of an earlier kernel of the same body: codegen.KernelBodies)."""
     k = info.kernel
     g = host.g
     dom_lines, dom = host.domain_lines(info)
@@ -512,9 +512,9 @@ def launch_lines(info: KernelInfo, host: Host, *, backend: str) -> list[str]:
         extra += [f"{dom}[{rank_in - nd + i}]" for i in range(nd)]
     args = [*ptrs, out_ptr, desc, *extra, *scalars]
     if backend == "cpu":
-        lines.append(f"{k.name}({', '.join(args)});")
+        lines.append(f"{entry}({', '.join(args)});")
     else:
-        lines.append(f"{k.name}_launch({', '.join(args)});")
+        lines.append(f"{entry}_launch({', '.join(args)});")
     return lines
 
 

@@ -30,7 +30,13 @@ from stitchcuda.coder.synth.cuda_levels import BLOCK_GROUP, split_levels
 from stitchcuda.coder.synth.cuda_patterns import moments_finish, moments_pair, online_softmax_pair
 from stitchcuda.coder.synth.fusion import Program
 from stitchcuda.coder.synth.ir import Attr, Ref, Unsupported
-from stitchcuda.coder.synth.runtime import BINDING_FILE, HEADER_NAME, binding_source, operator_includes
+from stitchcuda.coder.synth.runtime import (
+    BINDING_FILE,
+    GCC_O1,
+    HEADER_NAME,
+    binding_source,
+    operator_includes,
+)
 from stitchcuda.coder.synth.variants import Variant
 
 CFLAGS = ["-O3", "-std=c++17"]
@@ -968,8 +974,7 @@ class CudaKernels:
             source = self.row(info)
         else:
             source = self.pool(info)
-        first = self.bodies.add(k.name, source)
-        return KernelBodies.relaunch(launch_lines(info, host, backend="cuda"), k.name, first)
+        return launch_lines(info, host, backend="cuda", entry=self.bodies.add(k.name, source))
 
 
 KERNELS_FILE = "kernels.cu"
@@ -1049,9 +1054,7 @@ def host_optimization(kernels: int) -> list[str]:
         return []
     return [
         f"// {kernels} kernels: the launch code is compiled at -O1 (its optimization cost grows with size).",
-        "#if defined(__GNUC__) && !defined(__clang__)",
-        '#pragma GCC optimize("O1")',
-        "#endif",
+        *GCC_O1,
     ]
 
 

@@ -303,6 +303,8 @@ inline at::Tensor contiguous_operand(const at::Tensor& t) { return t.is_contiguo
 
 
 BINDING_FILE = "binding.cpp"
+# A translation unit compiled at -O1 by GCC (its own flags stay the build's).
+GCC_O1 = ["#if defined(__GNUC__) && !defined(__clang__)", '#pragma GCC optimize("O1")', "#endif"]
 
 
 def binding_source(ext_name: str, ret: str, params: list[str], what: str) -> str:
@@ -321,9 +323,7 @@ def binding_source(ext_name: str, ret: str, params: list[str], what: str) -> str
         [
             f"// {ext_name}: the Python binding of forward(), a translation unit of its own (pybind11's",
             "// templates compiled at -O1, in parallel with the optimised host code).",
-            "#if defined(__GNUC__) && !defined(__clang__)",
-            '#pragma GCC optimize("O1")',
-            "#endif",
+            *GCC_O1,
             "#include <torch/csrc/utils/pybind.h>",
             "",
             "#include <tuple>",
