@@ -314,7 +314,7 @@ class ReferenceStore:
     file lock per key makes a second process wait for the first one's run instead of repeating it, and the
     use count lives beside the data, so every process spends from the same budget. Files larger than
     `max_bytes` are not kept (a level-1 problem's sets are made again from seeds anyway); the oldest
-    entries go first when the folder outgrows `max_bytes`.
+    entries' data goes first when the folder outgrows `max_bytes` (their use counts stay).
     """
 
     def __init__(self, root: Path, *, reuse: int, ttl_s: float, max_bytes: int) -> None:
@@ -430,10 +430,13 @@ class ReferenceStore:
         meta_path.unlink(missing_ok=True)
 
     def _evict(self) -> None:
+        """Drops the oldest entries' data until the folder fits `max_bytes`. Their metadata stays: the
+        process that computed an entry still holds it in memory and serves its remaining uses (dropping
+        the entry would make that process run the reference again), and the use count stays shared."""
         entries = sorted(self.root.glob("*.pt"), key=lambda p: p.stat().st_mtime)
         total = sum(p.stat().st_size for p in entries)
         for path in entries:
             if total <= self.max_bytes:
                 break
             total -= path.stat().st_size
-            self._drop(path, path.with_suffix(".json"))
+            path.unlink(missing_ok=True)

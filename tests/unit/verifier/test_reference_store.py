@@ -91,9 +91,35 @@ def test_the_oldest_entries_go_when_the_folder_is_full(tmp_path: Path) -> None:
     size = next(tmp_path.glob("*.pt")).stat().st_size
     s.max_bytes = int(size * 1.5)
     time.sleep(0.01)
-    s.put(("b",), result(numel=100_000))
-    assert s.take(("a",)) is None, "the oldest entry went"
-    assert s.take(("b",)) is not None and s.take(("b",))[1] is not None
+    entry_b = s.put(("b",), result(numel=100_000))  # use 1 of 3
+    assert len(list(tmp_path.glob("*.pt"))) == 1, "the oldest entry's data went"
+    taken = s.take(("a",))
+    assert taken is not None and taken[1] is None, "its uses stay: the process holding it reuses it"
+    assert s.take(("b",), holding=entry_b) == (entry_b, None), "use 2: the holder does not read it again"
+    taken = s.take(("b",))
+    assert taken is not None and taken[1] is not None, "use 3: another process reads it"
+
+
+def test_a_reference_held_in_memory_survives_another_process_filling_the_store(
+    tmp_path: Path, build_store: LocalArtifactStore
+) -> None:
+    """Four problems of a few GiB each in one bench filled the node's store; the first problem's entry was
+    evicted by the others' and its verification ran the reference a second time (GPU, stop 33)."""
+    from verifier_support import fast_settings
+
+    from stitchcuda.verifier.service import VerifierService
+
+    svc = VerifierService(fast_settings(tmp_path / "home", reference_reuse=2), artifacts=build_store)
+    runs = counted(svc)
+    source = REF01.read_text()
+    assert svc.prepare_reference(source, device="cpu") is True
+    assert svc.reference_store is not None
+    other = store(svc.reference_store.root, max_bytes=1)  # another process's put evicts every file
+    other.put(("another problem",), result(numel=1000))
+    assert not list(svc.reference_store.root.glob("*.pt"))
+    verdict = svc.verify_dir(REF01, FIXTURES / "honest_cpu", device="cpu")
+    assert verdict.accepted, verdict.reason
+    assert runs == [1], "the verification reused the results this process holds"
 
 
 VERIFY = textwrap.dedent(
