@@ -95,6 +95,9 @@ RULES: tuple[Rule, ...] = (
          "candidate's"),
     Rule("D11.precision",          REJECT,   True,    "26",
          "fp16/bf16/fp8/TF32 casts, intrinsics or autocast when the reference is fp32"),
+    Rule("D11.precision-split",    WARNING,  False,   "26",
+         "TF32 tensor-core products with residual terms (3xTF32) when the reference is fp32: float32-class "
+         "accuracy, which D3 checks against float64"),
     Rule("D11.memory",             REJECT,   False,   "33",
          "allocates 1 GiB or more from constant sizes"),
     Rule("D11.gpu-control",        REJECT,   False,   "36",

@@ -102,6 +102,19 @@ PRECISION = _P(
     r"|\b__float_to_tf32\b|\btf32\b|\bCUBLAS_COMPUTE_32F_FAST\w*|\bCUBLAS_TF32_TENSOR_OP_MATH\b"
     r"|\.\s*(?:half|bfloat16)\s*\(|\(\s*half2?\s*\)|\bhalf2?\s*\*|<\s*half2?\s*>|\bhalf2?\s+[A-Za-z_]\w*\s*[=;,\[)]"
 )
+_TF32_HI = _P(r"\b(\w+)\s*=\s*(?:[\w:]*::)?__float_to_tf32\s*\(\s*([\w.\[\]]+)\s*\)")
+
+
+def compensated_tf32(code: str) -> bool:
+    """Whether `code` rounds a value to TF32 (`hi = __float_to_tf32(v)`) and also keeps the TF32 rounding of
+    the residual (`__float_to_tf32(v - hi)`): operands carried as hi + lo, as 3xTF32 GEMMs do."""
+    for m in _TF32_HI.finditer(code):
+        hi, value = re.escape(m.group(1)), re.escape(m.group(2))
+        if re.search(rf"__float_to_tf32\s*\(\s*{value}\s*-\s*{hi}\s*\)", code):
+            return True
+    return False
+
+
 DISPATCH = _P(r"\bc10::Dispatcher\b|\bfindSchema\w*\s*\(|\bcallBoxed\s*\(|\btorch::jit::\w+")
 ATEN_CALL = _P(r"\b(?:at|torch)::((?:\w+::)*)(\w+)\s*\(")
 # Draws from torch's random generator: a random reference's numbers come from it, and only the same ATen
@@ -431,10 +444,15 @@ def _rules(path: str, code: str, hits: Hits, fp32: bool, raw: str) -> None:
             "D11.torch-op", f"ATen tensor method in C++: .{m.group(2)}()", f"{path}:{_line(code, m.start())}"
         )
     if fp32:
+        split = compensated_tf32(code)
         for m in PRECISION.finditer(code):
+            # TF32 in a file that splits operands into a TF32 high part and a TF32 residual (3xTF32):
+            # float32-class products, a signal for the report; D3 against float64 decides.
+            tf32 = "tf32" in m.group(0).lower()
             hits.add(
-                "D11.precision",
-                f"reduced precision: {m.group(0).strip()[:60]}",
+                "D11.precision-split" if split and tf32 else "D11.precision",
+                f"{'TF32 tensor cores with residual terms (3xTF32)' if split and tf32 else 'reduced precision'}: "
+                f"{m.group(0).strip()[:60]}",
                 f"{path}:{_line(code, m.start())}",
             )
         with_strings, _ = strip(raw, keep_strings=True)

@@ -1,10 +1,10 @@
 # One device call (stops 31-32): GPU tests first (parallel builds, pytest-xdist), then `stitchcuda bench` on the
 # problems of PATTERN (default "$LEVEL/*.py") with what is left of the call. Environment: TESTS (pytest paths,
 # "" = none), TEST_S, LEVEL, PATTERN, POLICY,
-# JOBS, CALL_S (the whole call's budget), XDIST (workers).
+# JOBS, CALL_S (the whole call's budget), XDIST (workers), KB (the problems folder, default .kb).
 set -u
 T0=$(date +%s)
-cd .clean && ln -sfn ../.whl .whl && ln -sfn ../.kb .kb && . benchmarks/device_env.sh
+cd .clean && ln -sfn ../.whl .whl && ln -sfn ../${KB:-.kb} .kb && . benchmarks/device_env.sh
 echo "commit $(cat COMMIT)"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc; free -g | head -2
 ( while true; do echo "$(date +%s) $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader) $(free -g | awk '/Mem/{print $3}')G"; sleep 5; done ) > $OUT/mem.log 2>&1 &
 SAMPLER=$!

@@ -175,58 +175,70 @@ static void stitch_conv_run(const float* x, const float* w, const float* bias, f
 // Implicit-GEMM convolution (CUDA, not transposed): per group, the output as a GEMM of M = images x output
 // positions by N = the group's output channels over K = the group's input channels x taps. The A operand
 // (the input's im2col) is gathered from the input straight into shared memory, never materialised; the
-// weight [CO, C/groups, taps] is B, contiguous along K. 128 x (16 kTN) tiles, K in steps of 8, 8 x kTN
-// outputs a thread, summed in float in K order; the next step's loads sit in registers while this step's
-// FMAs run (two shared buffers, one barrier a step). A warp's gathers of one K row are 32 consecutive
-// output positions, coalesced along the output's width. With 32-bit index math (every index fits) a thread
-// stays within 128 registers, two blocks an SM (ptxas: 140 registers at one block, 36 bytes spilled at two).
-constexpr int CBM = 128, CBK = 8;
+// weight [CO, C/groups, taps] is B, contiguous along K. 128 x (16 kTN) tiles, K in steps of 8; the next
+// step's loads sit in registers while this step's products run (two shared buffers, one barrier a step).
+// A warp's gathers of one K row are 32 consecutive output positions, coalesced along the output's width.
+// Rows of both tiles are padded to 8 floats past a multiple of 32 banks: the weight's stores and the
+// tensor-core kernel's fragment loads hit 32 banks.
+constexpr int CBM = 128, CBK = 8, CPAD = 8;
 template <int kTN, typename I>
-__global__ void __launch_bounds__(256, sizeof(I) == 4 ? 2 : 1) stitch_conv_igemm_kernel(
-    const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
-    float* __restrict__ y, ConvGeom g) {
-  constexpr int BN = 16 * kTN, BLOADS = CBK * BN / 256;
-  __shared__ __align__(16) float As[2][CBK][CBM];
-  __shared__ __align__(16) float Bs[2][CBK][BN + 4];  // padded: a warp's stores hit 32 banks
-  const int tid = threadIdx.x;
-  // The geometry in the kernel's index type (32-bit where every index fits).
-  I in[3], kn[3], st[3], pd[3], dl[3];
-#pragma unroll
-  for (int j = 0; j < 3; ++j) {
-    in[j] = static_cast<I>(g.in[j]);
-    kn[j] = static_cast<I>(g.k[j]);
-    st[j] = static_cast<I>(g.stride[j]);
-    pd[j] = static_cast<I>(g.pad[j]);
-    dl[j] = static_cast<I>(g.dil[j]);
-  }
-  const I co_all = static_cast<I>(g.co), cg = static_cast<I>(g.c / g.groups);
-  const I cog = static_cast<I>(g.co / g.groups);
-  const I k12 = kn[1] * kn[2], taps = kn[0] * k12;
-  const I OW = static_cast<I>(g.out[2]), OHW = static_cast<I>(g.out[1]) * OW;
-  const I plane = static_cast<I>(g.out[0]) * OHW;
-  const I in12 = in[1] * in[2], in_plane = in[0] * in12;
-  const I M = static_cast<I>(g.n) * plane, K = cg * taps;
-  const I m0 = static_cast<I>(blockIdx.x) * CBM, n0 = static_cast<I>(blockIdx.y) * BN;
-  const I grp = static_cast<I>(blockIdx.z);
-  // A: this thread gathers K row a_k of positions a_m, a_m + 32, a_m + 64, a_m + 96 (a warp's loads of one
-  // row are 32 consecutive positions).
-  const int a_k = tid >> 5, a_m = tid & 31;
+struct ConvTiles {
+  static constexpr int BN = 16 * kTN, BLOADS = CBK * BN / 256;
+  I in[3], kn[3], dl[3];
+  I cg, cog, co_all, k12, taps, in12, in_plane, plane, OW, OHW, M, K, m0, n0, grp;
+  // A: this thread gathers K row a_k of positions a_m, a_m + 32, a_m + 64, a_m + 96.
   I a_base[4], a_d[4], a_h[4], a_w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const I m = m0 + a_m + 32 * i;
-    const I img = m / plane, pos = m - img * plane;
-    const I od = pos / OHW, oh = (pos - od * OHW) / OW, ow = pos - od * OHW - oh * OW;
-    a_base[i] = m < M ? (img * static_cast<I>(g.c) + grp * cg) * in_plane : -1;
-    a_d[i] = od * st[0] - pd[0];
-    a_h[i] = oh * st[1] - pd[1];
-    a_w[i] = ow * st[2] - pd[2];
-  }
-  // B: this thread loads K column b_k of output channels b_n, b_n + 32, ...
-  const int b_k = tid & 7, b_n = tid >> 3;
-  const float* wg = w + static_cast<int64_t>(grp) * cog * K;
+  int a_k, a_m, b_k, b_n;
+  const float* x;
+  const float* wg;
   float a_reg[4], b_reg[BLOADS];
-  auto load = [&](I k0) {
+
+  // The geometry in the kernel's index type (32-bit where every index fits).
+  __device__ __forceinline__ ConvTiles(const float* x_, const float* w, const ConvGeom& g, int tid) : x(x_) {
+    I st[3], pd[3];
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+      in[j] = static_cast<I>(g.in[j]);
+      kn[j] = static_cast<I>(g.k[j]);
+      st[j] = static_cast<I>(g.stride[j]);
+      pd[j] = static_cast<I>(g.pad[j]);
+      dl[j] = static_cast<I>(g.dil[j]);
+    }
+    co_all = static_cast<I>(g.co);
+    cg = static_cast<I>(g.c / g.groups);
+    cog = static_cast<I>(g.co / g.groups);
+    k12 = kn[1] * kn[2];
+    taps = kn[0] * k12;
+    OW = static_cast<I>(g.out[2]);
+    OHW = static_cast<I>(g.out[1]) * OW;
+    plane = static_cast<I>(g.out[0]) * OHW;
+    in12 = in[1] * in[2];
+    in_plane = in[0] * in12;
+    M = static_cast<I>(g.n) * plane;
+    K = cg * taps;
+    m0 = static_cast<I>(blockIdx.x) * CBM;
+    n0 = static_cast<I>(blockIdx.y) * BN;
+    grp = static_cast<I>(blockIdx.z);
+    a_k = tid >> 5;
+    a_m = tid & 31;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const I m = m0 + a_m + 32 * i;
+      const I img = m / plane, pos = m - img * plane;
+      const I od = pos / OHW, oh = (pos - od * OHW) / OW, ow = pos - od * OHW - oh * OW;
+      a_base[i] = m < M ? (img * static_cast<I>(g.c) + grp * cg) * in_plane : -1;
+      a_d[i] = od * st[0] - pd[0];
+      a_h[i] = oh * st[1] - pd[1];
+      a_w[i] = ow * st[2] - pd[2];
+    }
+    // B: this thread loads K column b_k of output channels b_n, b_n + 32, ...
+    b_k = tid & 7;
+    b_n = tid >> 3;
+    wg = w + static_cast<int64_t>(grp) * cog * K;
+  }
+
+  // This thread's share of K step k0, into registers (zero past the edges and in the padding).
+  __device__ __forceinline__ void load(I k0) {
     const I k = k0 + a_k;
     const bool k_ok = k < K;
     const I ci = k_ok ? k / taps : 0, t = k - ci * taps;
@@ -245,22 +257,42 @@ __global__ void __launch_bounds__(256, sizeof(I) == 4 ? 2 : 1) stitch_conv_igemm
       const I n = n0 + b_n + 32 * i;
       b_reg[i] = (kb < K && n < cog) ? __ldg(wg + n * K + kb) : 0.f;
     }
-  };
-  auto store = [&](int buf) {
+  }
+
+  __device__ __forceinline__ void store(float (*As)[CBM + CPAD], float (*Bs)[BN + CPAD]) const {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) As[buf][a_k][a_m + 32 * i] = a_reg[i];
+    for (int i = 0; i < 4; ++i) As[a_k][a_m + 32 * i] = a_reg[i];
 #pragma unroll
-    for (int i = 0; i < BLOADS; ++i) Bs[buf][b_k][b_n + 32 * i] = b_reg[i];
-  };
+    for (int i = 0; i < BLOADS; ++i) Bs[b_k][b_n + 32 * i] = b_reg[i];
+  }
+
+  // Output element (m, n) of the group's GEMM, plus the bias: y [N, CO, spatial...].
+  __device__ __forceinline__ void put(float* y, const float* bias, I m, I n, float v) const {
+    const I img = m / plane, pos = m - img * plane, co = grp * cog + n;
+    y[(img * co_all + co) * plane + pos] = v + (bias != nullptr ? __ldg(bias + co) : 0.f);
+  }
+};
+
+// SIMT: 8 x kTN outputs a thread, summed in float in K order. With 32-bit index math a thread stays within
+// 128 registers, two blocks an SM.
+template <int kTN, typename I>
+__global__ void __launch_bounds__(256, sizeof(I) == 4 ? 2 : 1) stitch_conv_igemm_kernel(
+    const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
+    float* __restrict__ y, ConvGeom g) {
+  using Tiles = ConvTiles<kTN, I>;
+  __shared__ __align__(16) float As[2][CBK][CBM + CPAD];
+  __shared__ __align__(16) float Bs[2][CBK][Tiles::BN + CPAD];
+  const int tid = threadIdx.x;
+  Tiles t(x, w, g, tid);
   const int tx = tid & 15, ty = tid >> 4;
   float acc[8][kTN] = {};
-  load(0);
-  store(0);
+  t.load(0);
+  t.store(As[0], Bs[0]);
   __syncthreads();
   int buf = 0;
-  for (I k0 = 0; k0 < K; k0 += CBK) {
-    const bool next = k0 + CBK < K;
-    if (next) load(k0 + CBK);
+  for (I k0 = 0; k0 < t.K; k0 += CBK) {
+    const bool next = k0 + CBK < t.K;
+    if (next) t.load(k0 + CBK);
 #pragma unroll
     for (int kk = 0; kk < CBK; ++kk) {
       const float4 a0 = *reinterpret_cast<const float4*>(&As[buf][kk][tx * 4]);
@@ -278,23 +310,105 @@ __global__ void __launch_bounds__(256, sizeof(I) == 4 ? 2 : 1) stitch_conv_igemm
 #pragma unroll
         for (int j = 0; j < kTN; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
     }
-    if (next) store(buf ^ 1);
+    if (next) t.store(As[buf ^ 1], Bs[buf ^ 1]);
     __syncthreads();
     buf ^= 1;
   }
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const I m = m0 + (i < 4 ? tx * 4 + i : 64 + tx * 4 + i - 4);
-    if (m >= M) continue;
-    const I img = m / plane, pos = m - img * plane;
+    const I m = t.m0 + (i < 4 ? tx * 4 + i : 64 + tx * 4 + i - 4);
+    if (m >= t.M) continue;
 #pragma unroll
     for (int j = 0; j < kTN; ++j) {
-      const I n = n0 + (j < 4 ? ty * 4 + j : 64 + ty * 4 + j - 4);
-      if (n >= cog) continue;
-      const I co = grp * cog + n;
-      y[(img * co_all + co) * plane + pos] = acc[i][j] + (bias != nullptr ? __ldg(bias + co) : 0.f);
+      const I n = t.n0 + (j < 4 ? ty * 4 + j : 64 + ty * 4 + j - 4);
+      if (n < t.cog) t.put(y, bias, m, n, acc[i][j]);
     }
   }
+}
+
+// Tensor cores in float32 accuracy (3xTF32, sm_80 and later; tf32_split): each warp computes a
+// (kTN == 8 ? 64 : 32) x 32 block of the tile as 16 x 16 fragments; the accumulators go out through a
+// per-warp 16 x 16 stage in shared memory so a half-warp stores 16 consecutive output positions.
+template <int kTN, typename I>
+__global__ void __launch_bounds__(256) stitch_conv_tc_kernel(
+    const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
+    float* __restrict__ y, ConvGeom g) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  namespace wmma = nvcuda::wmma;
+  using Tiles = ConvTiles<kTN, I>;
+  constexpr int WM = kTN == 8 ? 64 : 32, FM = WM / 16, FN = 2, WARPS_M = CBM / WM;
+  __shared__ __align__(32) float As[2][CBK][CBM + CPAD];
+  __shared__ __align__(32) float Bs[2][CBK][Tiles::BN + CPAD];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int wm = (warp % WARPS_M) * WM, wn = (warp / WARPS_M) * 32;
+  Tiles t(x, w, g, tid);
+  wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc[FM][FN];
+#pragma unroll
+  for (int i = 0; i < FM; ++i)
+#pragma unroll
+    for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+  t.load(0);
+  t.store(As[0], Bs[0]);
+  __syncthreads();
+  int buf = 0;
+  for (I k0 = 0; k0 < t.K; k0 += CBK) {
+    const bool next = k0 + CBK < t.K;
+    if (next) t.load(k0 + CBK);
+    wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> b_hi[FN], b_lo[FN];
+#pragma unroll
+    for (int j = 0; j < FN; ++j) {
+      wmma::load_matrix_sync(b_hi[j], &Bs[buf][0][wn + 16 * j], Tiles::BN + CPAD);
+      tf32_split(b_hi[j], b_lo[j]);
+    }
+#pragma unroll
+    for (int i = 0; i < FM; ++i) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> a_hi, a_lo;
+      wmma::load_matrix_sync(a_hi, &As[buf][0][wm + 16 * i], CBM + CPAD);
+      tf32_split(a_hi, a_lo);
+#pragma unroll
+      for (int j = 0; j < FN; ++j) {
+        wmma::mma_sync(acc[i][j], a_lo, b_hi[j], acc[i][j]);
+        wmma::mma_sync(acc[i][j], a_hi, b_lo[j], acc[i][j]);
+        wmma::mma_sync(acc[i][j], a_hi, b_hi[j], acc[i][j]);
+      }
+    }
+    if (next) t.store(As[buf ^ 1], Bs[buf ^ 1]);
+    __syncthreads();
+    buf ^= 1;
+  }
+  // The A tiles are free now (the loop ended on a barrier): 256 floats a warp.
+  float* stage = &As[0][0][0] + warp * 256;
+  const int r = lane & 15;
+#pragma unroll
+  for (int i = 0; i < FM; ++i) {
+#pragma unroll
+    for (int j = 0; j < FN; ++j) {
+      wmma::store_matrix_sync(stage, acc[i][j], 16, wmma::mem_col_major);
+      __syncwarp();
+      const I m = t.m0 + wm + 16 * i + r;
+      if (m < t.M) {
+#pragma unroll
+        for (int c = lane >> 4; c < 16; c += 2) {
+          const I n = t.n0 + wn + 16 * j + c;
+          if (n < t.cog) t.put(y, bias, m, n, stage[c * 16 + r]);
+        }
+      }
+      __syncwarp();
+    }
+  }
+#endif
+}
+
+// Tensor cores (3xTF32) from compute capability 8.0, the SIMT kernel before.
+template <int kTN, typename I>
+static void stitch_conv_igemm_run(const float* x, const float* w, const float* bias, float* y, const ConvGeom& g,
+                                  const dim3& grid, bool tensor_cores) {
+  cudaStream_t stream = stitch::current_stream();
+  if (tensor_cores)
+    stitch_conv_tc_kernel<kTN, I><<<grid, 256, 0, stream>>>(x, w, bias, y, g);
+  else
+    stitch_conv_igemm_kernel<kTN, I><<<grid, 256, 0, stream>>>(x, w, bias, y, g);
+  STITCH_LAUNCH_CHECK();
 }
 
 // The implicit GEMM where a group's output channels and its K fill a tile's width and depth (a narrow or
@@ -313,16 +427,15 @@ static bool stitch_conv_igemm(const float* x, const float* w, const float* bias,
   const int64_t limit = int64_t{1} << 31;
   const bool narrow = g.n * g.c * g.in[0] * g.in[1] * g.in[2] < limit && M * g.co < limit &&
                       g.co * K < limit;
-  cudaStream_t stream = stitch::current_stream();
+  const bool tc = stitch_tensor_cores();
   if (tn == 8 && narrow)
-    stitch_conv_igemm_kernel<8, int32_t><<<grid, 256, 0, stream>>>(x, w, bias, y, g);
+    stitch_conv_igemm_run<8, int32_t>(x, w, bias, y, g, grid, tc);
   else if (tn == 8)
-    stitch_conv_igemm_kernel<8, int64_t><<<grid, 256, 0, stream>>>(x, w, bias, y, g);
+    stitch_conv_igemm_run<8, int64_t>(x, w, bias, y, g, grid, tc);
   else if (narrow)
-    stitch_conv_igemm_kernel<4, int32_t><<<grid, 256, 0, stream>>>(x, w, bias, y, g);
+    stitch_conv_igemm_run<4, int32_t>(x, w, bias, y, g, grid, tc);
   else
-    stitch_conv_igemm_kernel<4, int64_t><<<grid, 256, 0, stream>>>(x, w, bias, y, g);
-  STITCH_LAUNCH_CHECK();
+    stitch_conv_igemm_run<4, int64_t>(x, w, bias, y, g, grid, tc);
   return true;
 }
 

@@ -1091,6 +1091,7 @@ def emit(
             f'#include "{HEADER_NAME}"',
             "",
             "#include <cuda_runtime.h>",
+            *(["#include <mma.h>"] if "nvcuda::wmma" in device_code else []),
             "",
             "#include <algorithm>",
             "#include <cstddef>",

@@ -176,11 +176,61 @@ __global__ void __launch_bounds__(256) stitch_gemm_kernel(
   }
 }
 
-// Custom SGEMM, large tiles (CUDA): 128x128 block tiles over K in steps of 8, 8x8 outputs a thread, summed
-// in float in K order, the next step's loads in registers while this step's FMAs run (two shared buffers,
-// one barrier a step). Each operand is staged along its contiguous dimension (a warp reads 32 consecutive
-// elements, or 4 rows of 8 along K); lanes take consecutive output columns, so stores are coalesced.
+// Custom SGEMM, large tiles (CUDA): 128x128 block tiles over K in steps of 8, the next step's loads in
+// registers while this step's products run (two shared buffers, one barrier a step). Each operand is staged
+// along its contiguous dimension (a warp reads 32 consecutive elements, or 4 rows of 8 along K).
 constexpr int HBM = 128, HBN = 128, HBK = 8;
+template <typename I>
+struct GemmTiles {
+  I M, N, K, sAm, sAk, sBk, sBn, m0, n0;
+  const float* Ab;
+  const float* Bb;
+  bool a_k_contig, b_k_contig;
+  int tid;
+  float a_reg[4], b_reg[4];
+
+  __device__ __forceinline__ GemmTiles(const float* A, const float* B, I M_, I N_, I K_, I sAb, I sAm_, I sAk_,
+                                       I sBb, I sBk_, I sBn_, int tid_)
+      : M(M_), N(N_), K(K_), sAm(sAm_), sAk(sAk_), sBk(sBk_), sBn(sBn_), tid(tid_) {
+    m0 = static_cast<I>(blockIdx.y) * HBM;
+    n0 = static_cast<I>(blockIdx.x) * HBN;
+    Ab = A + static_cast<int64_t>(blockIdx.z) * sAb;
+    Bb = B + static_cast<int64_t>(blockIdx.z) * sBb;
+    a_k_contig = sAk == 1 && sAm != 1;
+    b_k_contig = sBk == 1 && sBn != 1;
+  }
+  // Element e (0..3) of this thread's loads: (row along K, column along M or N) of the tile.
+  __device__ __forceinline__ void at(bool k_contig, int e, int& k, int& mn) const {
+    if (k_contig) k = (tid & 1) * 4 + e, mn = tid >> 1;
+    else k = tid >> 5, mn = (tid & 31) + 32 * e;
+  }
+  __device__ __forceinline__ void load(I k0) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int k, m, n;
+      at(a_k_contig, e, k, m);
+      const I gk = k0 + k, gm = m0 + m;
+      a_reg[e] = (gm < M && gk < K) ? __ldg(Ab + gm * sAm + gk * sAk) : 0.f;
+      at(b_k_contig, e, k, n);
+      const I gk2 = k0 + k, gn = n0 + n;
+      b_reg[e] = (gn < N && gk2 < K) ? __ldg(Bb + gk2 * sBk + gn * sBn) : 0.f;
+    }
+  }
+  template <int LD>
+  __device__ __forceinline__ void store(float (*As)[LD], float (*Bs)[LD]) const {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int k, m, n;
+      at(a_k_contig, e, k, m);
+      As[k][m] = a_reg[e];
+      at(b_k_contig, e, k, n);
+      Bs[k][n] = b_reg[e];
+    }
+  }
+};
+
+// SIMT: 8x8 outputs a thread, summed in float in K order; lanes take consecutive output columns, so stores
+// are coalesced.
 template <typename I>
 __global__ void __launch_bounds__(256, sizeof(I) == 4 ? 2 : 1) stitch_gemm_big_kernel(
     const float* __restrict__ A, const float* __restrict__ B, const float* __restrict__ bias,
@@ -188,51 +238,16 @@ __global__ void __launch_bounds__(256, sizeof(I) == 4 ? 2 : 1) stitch_gemm_big_k
   __shared__ __align__(16) float As[2][HBK][HBM + 4];
   __shared__ __align__(16) float Bs[2][HBK][HBN + 4];
   const int tid = threadIdx.x;
-  const I m0 = static_cast<I>(blockIdx.y) * HBM, n0 = static_cast<I>(blockIdx.x) * HBN;
-  const float* Ab = A + static_cast<int64_t>(blockIdx.z) * sAb;
-  const float* Bb = B + static_cast<int64_t>(blockIdx.z) * sBb;
-  // Element e (0..3) of this thread's loads: (row along K, column along M or N) of the tile.
-  const bool a_k_contig = sAk == 1 && sAm != 1, b_k_contig = sBk == 1 && sBn != 1;
-  auto a_at = [&](int e, int& k, int& m) {
-    if (a_k_contig) k = (tid & 1) * 4 + e, m = tid >> 1;
-    else k = tid >> 5, m = (tid & 31) + 32 * e;
-  };
-  auto b_at = [&](int e, int& k, int& n) {
-    if (b_k_contig) k = (tid & 1) * 4 + e, n = tid >> 1;
-    else k = tid >> 5, n = (tid & 31) + 32 * e;
-  };
-  float a_reg[4], b_reg[4];
-  auto load = [&](I k0) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      int k, m, n;
-      a_at(e, k, m);
-      const I gk = k0 + k, gm = m0 + m;
-      a_reg[e] = (gm < M && gk < K) ? __ldg(Ab + gm * sAm + gk * sAk) : 0.f;
-      b_at(e, k, n);
-      const I gk2 = k0 + k, gn = n0 + n;
-      b_reg[e] = (gn < N && gk2 < K) ? __ldg(Bb + gk2 * sBk + gn * sBn) : 0.f;
-    }
-  };
-  auto store = [&](int buf) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      int k, m, n;
-      a_at(e, k, m);
-      As[buf][k][m] = a_reg[e];
-      b_at(e, k, n);
-      Bs[buf][k][n] = b_reg[e];
-    }
-  };
+  GemmTiles<I> t(A, B, M, N, K, sAb, sAm, sAk, sBb, sBk, sBn, tid);
   const int tx = tid & 15, ty = tid >> 4;  // tx: output columns, ty: output rows
   float acc[8][8] = {};
-  load(0);
-  store(0);
+  t.load(0);
+  t.store(As[0], Bs[0]);
   __syncthreads();
   int buf = 0;
   for (I k0 = 0; k0 < K; k0 += HBK) {
     const bool next = k0 + HBK < K;
-    if (next) load(k0 + HBK);
+    if (next) t.load(k0 + HBK);
 #pragma unroll
     for (int kk = 0; kk < HBK; ++kk) {
       const float4 a0 = *reinterpret_cast<const float4*>(&As[buf][kk][ty * 4]);
@@ -246,21 +261,110 @@ __global__ void __launch_bounds__(256, sizeof(I) == 4 ? 2 : 1) stitch_gemm_big_k
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
     }
-    if (next) store(buf ^ 1);
+    if (next) t.store(As[buf ^ 1], Bs[buf ^ 1]);
     __syncthreads();
     buf ^= 1;
   }
   float* Cb = C + static_cast<int64_t>(blockIdx.z) * M * N;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const I gm = m0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4);
+    const I gm = t.m0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4);
     if (gm >= M) continue;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const I gn = n0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + j - 4);
+      const I gn = t.n0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + j - 4);
       if (gn < N) Cb[gm * N + gn] = acc[i][j] + (bias != nullptr ? __ldg(bias + gn) : 0.f);
     }
   }
+}
+
+// Tensor cores in float32 accuracy (3xTF32, sm_80 and later; tf32_split): each warp computes a 64 x 32
+// block of the tile as 16 x 16 fragments; rows padded to 8 floats past 32 banks for the fragment loads.
+// The accumulators go out through a per-warp 16 x 16 stage in shared memory, row-major, so a half-warp
+// stores 16 consecutive columns.
+constexpr int HPAD = 8;
+template <typename I>
+__global__ void __launch_bounds__(256) stitch_gemm_tc_kernel(
+    const float* __restrict__ A, const float* __restrict__ B, const float* __restrict__ bias,
+    float* __restrict__ C, I M, I N, I K, I sAb, I sAm, I sAk, I sBb, I sBk, I sBn) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  namespace wmma = nvcuda::wmma;
+  constexpr int WM = 64, FM = WM / 16, FN = 2, WARPS_M = HBM / WM;
+  __shared__ __align__(32) float As[2][HBK][HBM + HPAD];
+  __shared__ __align__(32) float Bs[2][HBK][HBN + HPAD];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int wm = (warp % WARPS_M) * WM, wn = (warp / WARPS_M) * 32;
+  GemmTiles<I> t(A, B, M, N, K, sAb, sAm, sAk, sBb, sBk, sBn, tid);
+  wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc[FM][FN];
+#pragma unroll
+  for (int i = 0; i < FM; ++i)
+#pragma unroll
+    for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[i][j], 0.f);
+  t.load(0);
+  t.store(As[0], Bs[0]);
+  __syncthreads();
+  int buf = 0;
+  for (I k0 = 0; k0 < K; k0 += HBK) {
+    const bool next = k0 + HBK < K;
+    if (next) t.load(k0 + HBK);
+    wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> b_hi[FN], b_lo[FN];
+#pragma unroll
+    for (int j = 0; j < FN; ++j) {
+      wmma::load_matrix_sync(b_hi[j], &Bs[buf][0][wn + 16 * j], HBN + HPAD);
+      tf32_split(b_hi[j], b_lo[j]);
+    }
+#pragma unroll
+    for (int i = 0; i < FM; ++i) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> a_hi, a_lo;
+      wmma::load_matrix_sync(a_hi, &As[buf][0][wm + 16 * i], HBM + HPAD);
+      tf32_split(a_hi, a_lo);
+#pragma unroll
+      for (int j = 0; j < FN; ++j) {
+        wmma::mma_sync(acc[i][j], a_lo, b_hi[j], acc[i][j]);
+        wmma::mma_sync(acc[i][j], a_hi, b_lo[j], acc[i][j]);
+        wmma::mma_sync(acc[i][j], a_hi, b_hi[j], acc[i][j]);
+      }
+    }
+    if (next) t.store(As[buf ^ 1], Bs[buf ^ 1]);
+    __syncthreads();
+    buf ^= 1;
+  }
+  float* Cb = C + static_cast<int64_t>(blockIdx.z) * M * N;
+  float* stage = &As[0][0][0] + warp * 256;  // the A tiles are free now (the loop ended on a barrier)
+  const int c = lane & 15;
+#pragma unroll
+  for (int i = 0; i < FM; ++i) {
+#pragma unroll
+    for (int j = 0; j < FN; ++j) {
+      wmma::store_matrix_sync(stage, acc[i][j], 16, wmma::mem_row_major);
+      __syncwarp();
+      const I gn = t.n0 + wn + 16 * j + c;
+      if (gn < N) {
+        const float b = bias != nullptr ? __ldg(bias + gn) : 0.f;
+#pragma unroll
+        for (int r = lane >> 4; r < 16; r += 2) {
+          const I gm = t.m0 + wm + 16 * i + r;
+          if (gm < M) Cb[gm * N + gn] = stage[r * 16 + c] + b;
+        }
+      }
+      __syncwarp();
+    }
+  }
+#endif
+}
+
+// Tensor cores (3xTF32) from compute capability 8.0, the SIMT kernel before.
+template <typename I>
+static void stitch_gemm_big_run(const dim3& grid, cudaStream_t stream, const float* A, const float* B,
+                                const float* bias, float* C, int64_t M, int64_t N, int64_t K, int64_t sAb,
+                                int64_t sAm, int64_t sAk, int64_t sBb, int64_t sBk, int64_t sBn) {
+  auto i = [](int64_t v) { return static_cast<I>(v); };
+  if (stitch_tensor_cores())
+    stitch_gemm_tc_kernel<I><<<grid, 256, 0, stream>>>(A, B, bias, C, i(M), i(N), i(K), i(sAb), i(sAm),
+                                                       i(sAk), i(sBb), i(sBk), i(sBn));
+  else
+    stitch_gemm_big_kernel<I><<<grid, 256, 0, stream>>>(A, B, bias, C, i(M), i(N), i(K), i(sAb), i(sAm),
+                                                        i(sAk), i(sBb), i(sBk), i(sBn));
 }
 
 // The large tiles where they fill the device at two blocks an SM; the 64x64 kernel otherwise.
@@ -279,13 +383,9 @@ static bool stitch_gemm_big(const float* A, const float* B, const float* bias, f
   const int64_t limit = int64_t{1} << 31;
   if (span(batch, sAb, M, sAm, K, sAk) < limit && span(batch, sBb, K, sBk, N, sBn) < limit &&
       batch * M * N < limit)
-    stitch_gemm_big_kernel<int32_t><<<grid, 256, 0, stream>>>(
-        A, B, bias, C, static_cast<int32_t>(M), static_cast<int32_t>(N), static_cast<int32_t>(K),
-        static_cast<int32_t>(sAb), static_cast<int32_t>(sAm), static_cast<int32_t>(sAk),
-        static_cast<int32_t>(sBb), static_cast<int32_t>(sBk), static_cast<int32_t>(sBn));
+    stitch_gemm_big_run<int32_t>(grid, stream, A, B, bias, C, M, N, K, sAb, sAm, sAk, sBb, sBk, sBn);
   else
-    stitch_gemm_big_kernel<int64_t><<<grid, 256, 0, stream>>>(A, B, bias, C, M, N, K, sAb, sAm, sAk, sBb,
-                                                                sBk, sBn);
+    stitch_gemm_big_run<int64_t>(grid, stream, A, B, bias, C, M, N, K, sAb, sAm, sAk, sBb, sBk, sBn);
   STITCH_LAUNCH_CHECK();
   return true;
 }
@@ -594,9 +694,38 @@ def helper_source(helpers: set[str], backend: str) -> str:
     return "\n".join([device_source(helpers, backend), host_source(helpers, backend)]).strip("\n")
 
 
+# Both tensor-core kernels' (GEMM, convolution) split of float32 operands and the device query.
+TENSOR_CORES = r"""
+// 3xTF32: each operand element is split into a TF32 high part and the TF32 rounding of its residual, and a
+// product is hi*hi + hi*lo + lo*hi (lo*lo is below float32's precision), accumulated in float: float32-class
+// accuracy at tensor-core rates. A fragment's elements are touched only elementwise (their order within the
+// warp is unspecified). Inf and NaN keep the high part alone.
+template <typename Frag>
+__device__ __forceinline__ void tf32_split(Frag& hi, Frag& lo) {
+#pragma unroll
+  for (int i = 0; i < hi.num_elements; ++i) {
+    const float v = hi.x[i];
+    const float h = nvcuda::wmma::__float_to_tf32(v);
+    hi.x[i] = h;
+    lo.x[i] = fabsf(v) <= 3.402823466e38f ? nvcuda::wmma::__float_to_tf32(v - h) : 0.f;
+  }
+}
+
+// Whether this device runs the tensor-core kernels (compute capability 8.0 or later).
+inline bool stitch_tensor_cores() {
+  int device = 0, major = 0;
+  STITCH_CUDA_CHECK(cudaGetDevice(&device));
+  STITCH_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major >= 8;
+}
+"""
+
+
 def device_source(helpers: set[str], backend: str) -> str:
     """The helpers' kernels and raw-pointer launchers: on CUDA, the torch-free translation unit's part."""
     parts: list[str] = []
+    if ("custom" in helpers or "conv" in helpers) and backend == "cuda":
+        parts.append(TENSOR_CORES)
     if "custom" in helpers:
         parts.append(CUDA_KERNELS if backend == "cuda" else CPU_KERNELS)
     if "conv" in helpers:

@@ -12,14 +12,17 @@ import pytest
 import torch
 from torch.utils import cpp_extension
 
-from stitchcuda.coder.synth import convolution
+from stitchcuda.coder.synth import convolution, libops
 
 # CUDA's built-ins for kernel text compiled by the host compiler: a thread here per CUDA thread.
 EMULATION_PRELUDE = r"""
 #include <torch/extension.h>
 #include <pthread.h>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <thread>
+#include <type_traits>
 #include <vector>
 #define __global__
 #define __launch_bounds__(...)
@@ -34,11 +37,63 @@ static inline float4 make_float4(float x, float y, float z, float w) { return {x
 static inline float __ldg(const float* p) { return *p; }
 static pthread_barrier_t stitch_barrier;
 static inline void __syncthreads() { pthread_barrier_wait(&stitch_barrier); }
+// Every __syncwarp() of the kernels here is reached by all threads of the block alike.
+static inline void __syncwarp() { pthread_barrier_wait(&stitch_barrier); }
+#define __device__
+// WMMA for the CPU: a thread's fragment holds the whole tile (the hardware's spreads it over the warp in an
+// order the API leaves unspecified, so kernels touch elements only elementwise); every thread of a warp
+// computes the same tile and stores the same values. TF32 is float with 13 low mantissa bits rounded off
+// (to nearest, ties away from zero, as cvt.rna.tf32.f32); products of TF32 values are exact in float.
+namespace nvcuda { namespace wmma {
+struct matrix_a {}; struct matrix_b {}; struct accumulator {}; struct row_major {}; struct col_major {};
+namespace precision { struct tf32 {}; }
+enum layout_t { mem_row_major, mem_col_major };
+template <typename Use, int M, int N, int K, typename T, typename Layout = void> struct fragment;
+template <int R, int C, bool kRowMajor> struct tile {
+  static constexpr int rows = R, cols = C, num_elements = R * C;
+  static constexpr bool row_major_layout = kRowMajor;
+  float x[R * C];
+};
+template <int M, int N, int K, typename L>
+struct fragment<matrix_a, M, N, K, precision::tf32, L> : tile<M, K, std::is_same<L, row_major>::value> {};
+template <int M, int N, int K, typename L>
+struct fragment<matrix_b, M, N, K, precision::tf32, L> : tile<K, N, std::is_same<L, row_major>::value> {};
+template <int M, int N, int K>
+struct fragment<accumulator, M, N, K, float, void> : tile<M, N, true> {};
+template <typename F> inline void load_matrix_sync(F& f, const float* p, unsigned ldm) {
+  for (int r = 0; r < F::rows; ++r)
+    for (int c = 0; c < F::cols; ++c)
+      f.x[r * F::cols + c] = F::row_major_layout ? p[r * ldm + c] : p[c * ldm + r];
+}
+template <typename F> inline void store_matrix_sync(float* p, const F& f, unsigned ldm, layout_t l) {
+  for (int r = 0; r < F::rows; ++r)
+    for (int c = 0; c < F::cols; ++c) (l == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[r * F::cols + c];
+}
+template <typename F> inline void fill_fragment(F& f, float v) { for (float& e : f.x) e = v; }
+template <typename D, typename A, typename B> inline void mma_sync(D& d, const A& a, const B& b, const D& c) {
+  float out[D::num_elements];
+  for (int m = 0; m < D::rows; ++m)
+    for (int n = 0; n < D::cols; ++n) {
+      float s = c.x[m * D::cols + n];
+      for (int k = 0; k < A::cols; ++k) s = fmaf(a.x[m * A::cols + k], b.x[k * B::cols + n], s);
+      out[m * D::cols + n] = s;
+    }
+  for (int i = 0; i < D::num_elements; ++i) d.x[i] = out[i];
+}
+inline float __float_to_tf32(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  if ((bits & 0x7f800000u) != 0x7f800000u) bits = (bits + 0x1000u) & 0xffffe000u;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+}}  // namespace nvcuda::wmma
 """
 
 IGEMM_ON_CPU = r"""
 __PRELUDE__
 __COMMON__
+static bool stitch_tc = false;
 __KERNEL__
 template <int kTN, typename I>
 static void stitch_conv_igemm_emulated(const float* x, const float* w, const float* bias, float* y,
@@ -54,7 +109,10 @@ static void stitch_conv_igemm_emulated(const float* x, const float* w, const flo
           block.emplace_back([=, &g] {
             blockIdx = {bx, by, bz};
             threadIdx = {t, 0, 0};
-            stitch_conv_igemm_kernel<kTN, I>(x, w, bias, y, g);
+            if (stitch_tc)
+              stitch_conv_tc_kernel<kTN, I>(x, w, bias, y, g);
+            else
+              stitch_conv_igemm_kernel<kTN, I>(x, w, bias, y, g);
           });
         for (std::thread& th : block) th.join();
       }
@@ -75,7 +133,8 @@ static void stitch_conv_launch(const float* x, const float* w, const float* bias
 __HOST__
 at::Tensor stitch_conv_tn(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                           const std::vector<int64_t>& stride, const std::vector<int64_t>& pad,
-                          const std::vector<int64_t>& dil, int64_t groups, int64_t tn, bool wide) {
+                          const std::vector<int64_t>& dil, int64_t groups, int64_t tn, bool wide, bool tc) {
+  stitch_tc = tc;
   stitch_tn = tn;
   stitch_wide = wide;
   const std::vector<int64_t> none(stride.size(), 0);
@@ -106,25 +165,68 @@ GEOMETRIES = [
 ]
 
 
-@pytest.mark.slow
-def test_igemm_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path) -> None:
+def emulated_conv(tmp_path: Path, name: str, kernels: str = "") -> Any:
+    """Both implicit-GEMM kernels' text (or `kernels` in their place) built for the CPU."""
     source = convolution.CUDA
-    kernel = source[source.index("constexpr int CBM") : source.index("// The implicit GEMM where")]
-    source = IGEMM_ON_CPU.replace("__COMMON__", convolution.COMMON).replace("__KERNEL__", kernel)
-    ext = load_emulated(
-        "stitch_conv_igemm_on_cpu", source.replace("__HOST__", convolution.HOST), "stitch_conv_tn", tmp_path
+    kernels = kernels or source[source.index("constexpr int CBM") : source.index(KERNELS_END)]
+    source = IGEMM_ON_CPU.replace("__COMMON__", convolution.COMMON).replace("__KERNEL__", tf32_split() + kernels)
+    return load_emulated(name, source.replace("__HOST__", convolution.HOST), "stitch_conv_tn", tmp_path)
+
+
+# Where the kernels end and their host launchers begin, in both kernel texts.
+KERNELS_END = "// Tensor cores (3xTF32) from compute capability 8.0"
+
+
+def tf32_split() -> str:
+    """The tensor-core kernels' shared split (libops.TENSOR_CORES without its CUDA device query)."""
+    return libops.TENSOR_CORES[: libops.TENSOR_CORES.index("// Whether this device runs")]
+
+
+def reference(xs: tuple[int, ...], ws: tuple[int, ...], stride: tuple[int, ...], pad: tuple[int, ...],
+              dil: tuple[int, ...], groups: int, has_bias: bool) -> tuple[Any, ...]:  # fmt: skip
+    x, w = torch.randn(xs), torch.randn(ws)
+    b = torch.randn(ws[0]) if has_bias else None
+    nd = len(ws) - 2
+    want = getattr(torch.nn.functional, f"conv{nd}d")(
+        x.double(), w.double(), b.double() if b is not None else None, stride, pad, dil, groups
     )
-    functional = torch.nn.functional
+    return x, w, b, want
+
+
+def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want).norm() / want.norm())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tensor_cores", [False, True], ids=["simt", "3xtf32"])
+def test_igemm_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path, tensor_cores: bool) -> None:
+    ext = emulated_conv(tmp_path, f"stitch_conv_igemm_on_cpu_{int(tensor_cores)}")
     torch.manual_seed(0)
     for xs, ws, stride, pad, dil, groups, has_bias in GEOMETRIES:
-        x, w = torch.randn(xs), torch.randn(ws)
-        b = torch.randn(ws[0]) if has_bias else None
-        nd = len(ws) - 2
-        want = getattr(functional, f"conv{nd}d")(
-            x.double(), w.double(), b.double() if b is not None else None, stride, pad, dil, groups
-        )
+        x, w, b, want = reference(xs, ws, stride, pad, dil, groups, has_bias)
         for tn in (4, 8):
             for wide in (False, True):  # 32- and 64-bit index math
-                got = ext.stitch_conv_tn(x, w, b, list(stride), list(pad), list(dil), groups, tn, wide)
+                got = ext.stitch_conv_tn(
+                    x, w, b, list(stride), list(pad), list(dil), groups, tn, wide, tensor_cores
+                )
                 assert got.shape == want.shape
                 torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+                assert rel_l2(got, want) < 2e-6
+
+
+@pytest.mark.slow
+def test_tensor_core_products_need_the_residual_terms_for_float32_accuracy(tmp_path: Path) -> None:
+    """The split is what makes TF32 tensor cores float32-accurate: the same kernel with the hi*lo and lo*hi
+    products dropped is plain TF32, an error the Verifier rejects (and the emulated TF32 rounding is real)."""
+    source = convolution.CUDA
+    kernels = source[source.index("constexpr int CBM") : source.index(KERNELS_END)]
+    residuals = [line for line in kernels.splitlines() if "mma_sync" in line and "_lo" in line]
+    assert len(residuals) == 2, residuals
+    for line in residuals:
+        kernels = kernels.replace(line + "\n", "")
+    plain = emulated_conv(tmp_path, "stitch_conv_plain_tf32_on_cpu", kernels)
+    torch.manual_seed(1)
+    xs, ws, stride, pad, dil, groups, has_bias = GEOMETRIES[4]
+    x, w, b, want = reference(xs, ws, stride, pad, dil, groups, has_bias)
+    got = plain.stitch_conv_tn(x, w, b, list(stride), list(pad), list(dil), groups, 4, False, True)
+    assert rel_l2(got, want) > 1e-4

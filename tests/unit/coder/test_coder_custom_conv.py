@@ -87,6 +87,20 @@ def test_strict_program_runs_its_own_kernels(synth: Synthesizer, name: str, devi
     assert synthesis.build.libraries == []
 
 
+@pytest.mark.parametrize("name", ["conv3d", "transposed"])
+def test_the_verifiers_static_scan_accepts_the_strict_cuda_program(synth: Synthesizer, name: str) -> None:
+    """The implicit-GEMM convolution's tensor-core kernel carries TF32 operands with their residuals
+    (3xTF32): the Verifier reports it and, the reference being fp32, lets D3 judge the accuracy."""
+    from stitchcuda.api.v1 import verify_pb2
+    from stitchcuda.verifier.static import scan
+
+    synthesis = synth.synthesize(PROBLEMS[name], None, variant=Variant(), device="cuda")
+    findings = scan(to_candidate(synthesis), PROBLEMS[name])
+    rejects = [f"{f.rule}: {f.detail}" for f in findings if f.severity == verify_pb2.SEVERITY_REJECT]
+    assert rejects == []
+    assert "D11.precision-split" in {f.rule for f in findings}
+
+
 def test_library_policy_keeps_the_library_calls(synth: Synthesizer) -> None:
     from stitchcuda.shared.policy import LIBRARY as LIBRARY_POLICY
     from stitchcuda.shared.policy import KernelPolicy

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_coder_conv_igemm import load_emulated
+from test_coder_conv_igemm import KERNELS_END, load_emulated, tf32_split
 
 from stitchcuda.coder.synth import libops
 
 GEMM_ON_CPU = r"""
 __PRELUDE__
 #include <cstdlib>
+static bool stitch_tc = false;
 __KERNEL__
 template <typename I>
 static void stitch_gemm_emulated(const float* A, const float* B, const float* bias, float* C, int64_t batch,
@@ -28,7 +29,10 @@ static void stitch_gemm_emulated(const float* A, const float* B, const float* bi
           block.emplace_back([=] {
             blockIdx = {bx, by, bz};
             threadIdx = {t, 0, 0};
-            stitch_gemm_big_kernel<I>(A, B, bias, C, M, N, K, s[0], s[1], s[2], s[3], s[4], s[5]);
+            if (stitch_tc)
+              stitch_gemm_tc_kernel<I>(A, B, bias, C, M, N, K, s[0], s[1], s[2], s[3], s[4], s[5]);
+            else
+              stitch_gemm_big_kernel<I>(A, B, bias, C, M, N, K, s[0], s[1], s[2], s[3], s[4], s[5]);
           });
         for (std::thread& th : block) th.join();
       }
@@ -36,7 +40,8 @@ static void stitch_gemm_emulated(const float* A, const float* B, const float* bi
 }
 // C [batch, M, N] = A [batch, M, K] @ B [batch, K, N] (+ bias), with the operands' own strides.
 at::Tensor stitch_gemm_tiles(const at::Tensor& A, const at::Tensor& B, const c10::optional<at::Tensor>& bias,
-                             bool wide) {
+                             bool wide, bool tc) {
+  stitch_tc = tc;
   const int64_t batch = A.size(0), M = A.size(1), K = A.size(2), N = B.size(2);
   at::Tensor C = at::empty({batch, M, N}, A.options());
   const int64_t s[6] = {A.stride(0), A.stride(1), A.stride(2), B.stride(0), B.stride(1), B.stride(2)};
@@ -59,11 +64,15 @@ SHAPES = [
 
 
 @pytest.mark.slow
-def test_large_tile_gemm_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tensor_cores", [False, True], ids=["simt", "3xtf32"])
+def test_large_tile_gemm_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path, tensor_cores: bool) -> None:
     source = libops.CUDA_KERNELS
-    kernel = source[source.index("constexpr int HBM") : source.index("// The large tiles where")]
+    kernel = tf32_split() + source[source.index("constexpr int HBM") : source.index(KERNELS_END)]
     ext = load_emulated(
-        "stitch_gemm_tiles_on_cpu", GEMM_ON_CPU.replace("__KERNEL__", kernel), "stitch_gemm_tiles", tmp_path
+        f"stitch_gemm_tiles_on_cpu_{int(tensor_cores)}",
+        GEMM_ON_CPU.replace("__KERNEL__", kernel),
+        "stitch_gemm_tiles",
+        tmp_path,
     )
     torch.manual_seed(0)
     for batch, m, n, k, a_rows, b_rows, has_bias in SHAPES:
@@ -72,5 +81,6 @@ def test_large_tile_gemm_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path:
         bias = torch.randn(n) if has_bias else None
         want = a.double() @ b.double() + (bias.double() if bias is not None else 0)
         for wide in (False, True):
-            got = ext.stitch_gemm_tiles(a, b, bias, wide)
+            got = ext.stitch_gemm_tiles(a, b, bias, wide, tensor_cores)
             torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+            assert float((got.double() - want).norm() / want.norm()) < 2e-6

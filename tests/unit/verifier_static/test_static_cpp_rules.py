@@ -114,6 +114,25 @@ def test_cpp_soft_rules(run_scan, snippet, rule):
     assert rule in s.warnings and s.rejects == set(), s
 
 
+SPLIT = (
+    "void split(float v, float* o) {\n  const float h = nvcuda::wmma::__float_to_tf32(v);\n  o[0] = h;\n"
+    "  o[1] = nvcuda::wmma::__float_to_tf32(v - h);\n}\n"
+)
+
+
+def test_tf32_with_its_residual_is_a_warning_and_plain_tf32_a_rejection(run_scan):
+    """3xTF32 (hi + lo operands) keeps float32-class accuracy and D3 checks it against float64; TF32 alone,
+    or a half-precision cast beside a split, is the precision downgrade of threat #26."""
+    split = run_scan(PY, {"k.cu": SPLIT})
+    assert "D11.precision-split" in split.warnings and split.rejects == set(), split
+    plain = run_scan(PY, {"k.cu": "float f(float v) { return nvcuda::wmma::__float_to_tf32(v); }\n"})
+    assert "D11.precision" in plain.rejects, plain
+    unrelated = SPLIT.replace("(v - h)", "(v - 1.0f)")
+    assert "D11.precision" in run_scan(PY, {"k.cu": unrelated}).rejects
+    half = run_scan(PY, {"k.cu": SPLIT + "float g(float v) { return __half2float(__float2half(v)); }\n"})
+    assert "D11.precision" in half.rejects, half
+
+
 KERNELS = """
 #include <torch/extension.h>
 __global__ void main_kernel(float* y, int n) {
