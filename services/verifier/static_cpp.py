@@ -448,11 +448,11 @@ def _rules(path: str, code: str, hits: Hits, fp32: bool, raw: str) -> None:
         for m in PRECISION.finditer(code):
             # TF32 in a file that splits operands into a TF32 high part and a TF32 residual (3xTF32):
             # float32-class products, a signal for the report; D3 against float64 decides.
-            tf32 = "tf32" in m.group(0).lower()
+            compensated = split and "tf32" in m.group(0).lower()
+            what = "TF32 tensor cores with residual terms (3xTF32)" if compensated else "reduced precision"
             hits.add(
-                "D11.precision-split" if split and tf32 else "D11.precision",
-                f"{'TF32 tensor cores with residual terms (3xTF32)' if split and tf32 else 'reduced precision'}: "
-                f"{m.group(0).strip()[:60]}",
+                "D11.precision-split" if compensated else "D11.precision",
+                f"{what}: {m.group(0).strip()[:60]}",
                 f"{path}:{_line(code, m.start())}",
             )
         with_strings, _ = strip(raw, keep_strings=True)

@@ -401,8 +401,8 @@ __global__ void __launch_bounds__(256) stitch_conv_tc_kernel(
 
 // Tensor cores (3xTF32) from compute capability 8.0, the SIMT kernel before.
 template <int kTN, typename I>
-static void stitch_conv_igemm_run(const float* x, const float* w, const float* bias, float* y, const ConvGeom& g,
-                                  const dim3& grid, bool tensor_cores) {
+static void stitch_conv_igemm_run(const float* x, const float* w, const float* bias, float* y,
+                                  const ConvGeom& g, const dim3& grid, bool tensor_cores) {
   cudaStream_t stream = stitch::current_stream();
   if (tensor_cores)
     stitch_conv_tc_kernel<kTN, I><<<grid, 256, 0, stream>>>(x, w, bias, y, g);

@@ -189,8 +189,8 @@ struct GemmTiles {
   int tid;
   float a_reg[4], b_reg[4];
 
-  __device__ __forceinline__ GemmTiles(const float* A, const float* B, I M_, I N_, I K_, I sAb, I sAm_, I sAk_,
-                                       I sBb, I sBk_, I sBn_, int tid_)
+  __device__ __forceinline__ GemmTiles(const float* A, const float* B, I M_, I N_, I K_, I sAb, I sAm_,
+                                       I sAk_, I sBb, I sBk_, I sBn_, int tid_)
       : M(M_), N(N_), K(K_), sAm(sAm_), sAk(sAk_), sBk(sBk_), sBn(sBn_), tid(tid_) {
     m0 = static_cast<I>(blockIdx.y) * HBM;
     n0 = static_cast<I>(blockIdx.x) * HBN;

@@ -169,7 +169,9 @@ def emulated_conv(tmp_path: Path, name: str, kernels: str = "") -> Any:
     """Both implicit-GEMM kernels' text (or `kernels` in their place) built for the CPU."""
     source = convolution.CUDA
     kernels = kernels or source[source.index("constexpr int CBM") : source.index(KERNELS_END)]
-    source = IGEMM_ON_CPU.replace("__COMMON__", convolution.COMMON).replace("__KERNEL__", tf32_split() + kernels)
+    source = IGEMM_ON_CPU.replace("__COMMON__", convolution.COMMON).replace(
+        "__KERNEL__", tf32_split() + kernels
+    )
     return load_emulated(name, source.replace("__HOST__", convolution.HOST), "stitch_conv_tn", tmp_path)
 
 

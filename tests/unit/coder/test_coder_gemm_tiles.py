@@ -65,7 +65,9 @@ SHAPES = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tensor_cores", [False, True], ids=["simt", "3xtf32"])
-def test_large_tile_gemm_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path, tensor_cores: bool) -> None:
+def test_large_tile_gemm_kernel_text_emulated_on_the_cpu_matches_torch(
+    tmp_path: Path, tensor_cores: bool
+) -> None:
     source = libops.CUDA_KERNELS
     kernel = tf32_split() + source[source.index("constexpr int HBM") : source.index(KERNELS_END)]
     ext = load_emulated(
