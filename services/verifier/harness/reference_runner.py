@@ -228,6 +228,7 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any, gpu: turn
     keep = {s.get("base") for s in header["sets"]} | set(header["pool"]) | {header["sets"][0]["name"]}
     made: dict[str, list[Any]] = {}
     first_out: list[Any] | None = None
+    counted: dict[str, Any] = {}
     # Whether the reference draws random numbers, and each set's forward seed (common.forward_seed).
     random = [False]
     forward_seeds: dict[str, int] = {}
@@ -248,7 +249,10 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any, gpu: turn
         seed = forward_seeds[name] = common.forward_seed(spec["seed"])
         try:
             common.seed_all(seed)
-            ref32 = forward(model, items, device, host=not lean)
+            if first_out is None:  # the first set's forward also counts FLOPs and memory (`cost`)
+                ref32, counted = counted_forward(model, items, device, seed, host=not lean)
+            else:
+                ref32 = forward(model, items, device, host=not lean)
         except BaseException as exc:
             if essential:
                 raise StageError("forward", exc) from exc
@@ -324,9 +328,7 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any, gpu: turn
     pool = [common.to_device(made[n], device) for n in header["pool"] if n in made]
     # A random reference's timed calls are seeded as its checked ones are, and as the candidate's are.
     seeds = [forward_seeds[n] for n in header["pool"] if n in made] if random[0] else []
-    send(
-        {"kind": "cost", **cost(model, made[header["sets"][0]["name"]], first_out or [], param_bytes, device)}
-    )
+    send({"kind": "cost", **cost(made[header["sets"][0]["name"]], first_out or [], param_bytes, counted)})
     clock = common.Clock(device)
     timing: dict[str, Any] = {"kind": "timing"}
     lap("cost")
@@ -540,37 +542,57 @@ def determinism(model: Any, items: list[Any], ref32: list[Any], seed: int, devic
     return True
 
 
-def cost(model: Any, items: list[Any], outs: list[Any], param_bytes: int, device: str) -> dict[str, Any]:
-    """FLOPs (torch's flop counter) and the minimum bytes any implementation must move."""
+def counted_forward(
+    model: Any, items: list[Any], device: str, seed: int, host: bool = True
+) -> tuple[list[Any], dict[str, Any]]:
+    """The first set's forward, counted as it runs: its FLOPs (torch's flop counter) and the device memory it
+    takes beyond its inputs and parameters (D10's allowance). No second forward, no second copy of the set."""
     import torch
 
-    flops = 0.0
-    note = ""
     xs = common.to_device(items, device)
+    before = 0
+    if device == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    counted: dict[str, Any] = {"flops": 0.0, "note": ""}
     try:
         from torch.utils.flop_counter import FlopCounterMode
 
         counter = FlopCounterMode(display=False)
         with counter, torch.no_grad():
-            model(*xs)
-        flops = float(counter.get_total_flops())
-    except Exception as exc:
-        note = f"flop counter failed: {common.error_line(exc, 200)}"
+            result = model(*xs)
+        counted["flops"] = float(counter.get_total_flops())
+    except Exception as exc:  # the counter's failure, or the model's own (raised again below)
+        counted["note"] = f"flop counter failed: {common.error_line(exc, 200)}"
+        common.seed_all(seed)
+        with torch.no_grad():
+            result = model(*xs)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        counted["forward_peak"] = max(0, torch.cuda.max_memory_allocated() - before)
+    del xs
+    outs = common.flatten(result)
+    return (common.to_cpu(outs) if host else outs), counted
+
+
+def cost(items: list[Any], outs: list[Any], param_bytes: int, counted: dict[str, Any]) -> dict[str, Any]:
+    """FLOPs and the forward's device memory (counted_forward), and the minimum bytes any implementation must
+    move."""
+    import torch
+
     nbytes = param_bytes
     for t in list(items) + list(outs):
         if isinstance(t, torch.Tensor):
             nbytes += t.numel() * t.element_size()
-    peak = 0
-    if device == "cuda":
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        with torch.no_grad():
-            model(*xs)
-        torch.cuda.synchronize()
-        peak = max(0, torch.cuda.max_memory_allocated() - before)
     dtype = next((str(t.dtype) for t in items if isinstance(t, torch.Tensor) and t.is_floating_point()), "")
-    return {"flops": flops, "bytes": float(nbytes), "forward_peak": peak, "dtype": dtype, "note": note}
+    return {
+        "flops": float(counted.get("flops", 0.0)),
+        "bytes": float(nbytes),
+        "forward_peak": int(counted.get("forward_peak", 0)),
+        "dtype": dtype,
+        "note": str(counted.get("note", "")),
+    }
 
 
 def measure_ceilings(device: str, dtypes: list[str], clock: common.Clock) -> dict[str, Any]:

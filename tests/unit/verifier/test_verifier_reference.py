@@ -43,3 +43,34 @@ def test_reference_that_does_not_import_is_a_problem_error(service: VerifierServ
     with pytest.raises(ProblemError) as info:
         service.verify(BAD_IMPORT, read_dir(FIXTURES / "honest_cpu"), device="cpu")
     assert "line 2" in str(info.value) and "no_such_module_xyz" in str(info.value)
+
+
+LINEAR = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 32)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+def get_inputs():
+    return [torch.randn(16, 64)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.slow
+def test_the_references_cost_is_counted_on_its_first_forward(service: VerifierService):
+    """FLOPs (the physics floor's numerator) come from the first set's forward itself, not a second run."""
+    from stitchcuda.verifier.probes import build_plan
+
+    ref = service.references.run(LINEAR, "cpu", build_plan(3, 2, 1, 3), compile_baseline=False)
+    assert ref.cost["flops"] == 2 * 16 * 64 * 32 and ref.cost["note"] == ""
+    assert ref.cost["bytes"] == (16 * 64 + 16 * 32 + 64 * 32 + 32) * 4
+    assert "cost" in ref.timing["phases"]
