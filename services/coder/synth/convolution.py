@@ -172,21 +172,42 @@ static void stitch_conv_run(const float* x, const float* w, const float* bias, f
   STITCH_LAUNCH_CHECK();
 }
 
-// Implicit-GEMM convolution (CUDA, not transposed): per group, the output as a GEMM of M = images x output
-// positions by N = the group's output channels over K = the group's input channels x taps. The A operand
-// (the input's im2col) is gathered from the input straight into shared memory, never materialised; the
-// weight [CO, C/groups, taps] is B, contiguous along K. 128 x (16 kTN) tiles, K in steps of 8; the next
-// step's loads sit in registers while this step's products run (two shared buffers, one barrier a step).
-// A warp's gathers of one K row are 32 consecutive output positions, coalesced along the output's width.
-// Rows of both tiles are padded to 8 floats past a multiple of 32 banks: the weight's stores and the
-// tensor-core kernel's fragment loads hit 32 banks.
+// Implicit-GEMM convolution (CUDA): per group, the output as a GEMM of M = images x output positions by
+// N = the group's output channels over K = the group's input channels x taps. The A operand (the input's
+// im2col) is gathered from the input straight into shared memory, never materialised; B is the weight.
+// 128 x (16 kTN) tiles, K in steps of 8; the next step's loads sit in registers while this step's products
+// run (two shared buffers, one barrier a step). A warp's gathers of one K row are 32 consecutive output
+// positions, coalesced along the output's width. Rows of both tiles are padded to 8 floats past a multiple
+// of 32 banks: the weight's stores and the tensor-core kernel's fragment loads hit 32 banks.
+//
+// A transposed convolution (kT) is one GEMM per output phase (an output index's remainder modulo the
+// stride, per dim): along dim j the positions o = p + s q of phase p read input
+// q + r0 - t (dil / gcd(dil, s)) through taps k = k0 + t (s / gcd(dil, s)) alone, the taps whose scattered
+// input lands on the phase, so no product is a structural zero. grid.z runs over groups x phases.
 constexpr int CBM = 128, CBK = 8, CPAD = 8;
-template <int kTN, typename I>
+
+// Blocks of the implicit GEMM: x over M (the most positions of any phase), y over N, z over groups x phases.
+struct ConvGrid {
+  int64_t m, n, z;
+};
+static ConvGrid conv_igemm_grid(const ConvGeom& g, bool transposed, int tn) {
+  int64_t positions = g.n, phases = 1;
+  for (int j = 0; j < 3; ++j) {
+    const int64_t s = transposed ? g.stride[j] : 1;
+    positions *= (g.out[j] + s - 1) / s;
+    phases *= s;
+  }
+  const int64_t cog = g.co / g.groups;
+  return {(positions + CBM - 1) / CBM, (cog + 16 * tn - 1) / (16 * tn), g.groups * phases};
+}
+
+template <int kTN, typename I, bool kT>
 struct ConvTiles {
   static constexpr int BN = 16 * kTN, BLOADS = CBK * BN / 256;
-  I in[3], kn[3], dl[3];
-  I cg, cog, co_all, k12, taps, in12, in_plane, plane, OW, OHW, M, K, m0, n0, grp;
-  // A: this thread gathers K row a_k of positions a_m, a_m + 32, a_m + 64, a_m + 96.
+  // Along each dim: input extent, GEMM positions (of this phase), output index = ph + os q, input index of
+  // tap t = q ast + aoff + t tstep, taps of this phase (cnt) and their kernel index wk0 + wks t.
+  I in[3], Q[3], ph[3], os[3], tstep[3], cnt[3], wk0[3], wks[3], kn12, kn2, cn2;
+  I cg, cog, co_all, c12, ctaps, taps, in12, in_plane, plane, OW, OHW, Q2, Q12, QP, M, K, m0, n0, grp;
   I a_base[4], a_d[4], a_h[4], a_w[4];
   int a_k, a_m, b_k, b_n;
   const float* x;
@@ -195,55 +216,92 @@ struct ConvTiles {
 
   // The geometry in the kernel's index type (32-bit where every index fits).
   __device__ __forceinline__ ConvTiles(const float* x_, const float* w, const ConvGeom& g, int tid) : x(x_) {
-    I st[3], pd[3];
+    const I groups = static_cast<I>(g.groups);
+    grp = static_cast<I>(blockIdx.z) % groups;
+    I phase = static_cast<I>(blockIdx.z) / groups, aoff[3], ast[3];
+    ctaps = 1;
+    QP = 1;
 #pragma unroll
-    for (int j = 0; j < 3; ++j) {
+    for (int j = 2; j >= 0; --j) {
       in[j] = static_cast<I>(g.in[j]);
-      kn[j] = static_cast<I>(g.k[j]);
-      st[j] = static_cast<I>(g.stride[j]);
-      pd[j] = static_cast<I>(g.pad[j]);
-      dl[j] = static_cast<I>(g.dil[j]);
+      const I k = static_cast<I>(g.k[j]), s = static_cast<I>(g.stride[j]), d = static_cast<I>(g.dil[j]);
+      const I pad = static_cast<I>(g.pad[j]), out = static_cast<I>(g.out[j]);
+      if constexpr (kT) {
+        ph[j] = phase % s;
+        phase /= s;
+        I a = d, b = s;  // gcd(dil, s)
+        while (b != 0) {
+          const I r = a % b;
+          a = b;
+          b = r;
+        }
+        wks[j] = s / a;
+        wk0[j] = k;  // the first tap whose scattered input lands on this phase (none: k)
+        for (I t = 0; t < wks[j] && t < k; ++t)
+          if (((ph[j] + pad - t * d) % s + s) % s == 0) {
+            wk0[j] = t;
+            break;
+          }
+        cnt[j] = wk0[j] < k ? (k - wk0[j] + wks[j] - 1) / wks[j] : 0;
+        os[j] = s;
+        Q[j] = out > ph[j] ? (out - ph[j] + s - 1) / s : 0;
+        ast[j] = 1;
+        aoff[j] = (ph[j] + pad - wk0[j] * d) / s;  // exact where cnt > 0
+        tstep[j] = -(d / a);
+      } else {
+        ph[j] = 0, os[j] = 1, Q[j] = out, ast[j] = s, aoff[j] = -pad, tstep[j] = d;
+        cnt[j] = k, wk0[j] = 0, wks[j] = 1;
+      }
+      ctaps *= cnt[j];
+      QP *= Q[j];
     }
+    kn2 = static_cast<I>(g.k[2]);
+    kn12 = static_cast<I>(g.k[1]) * kn2;
+    taps = static_cast<I>(g.k[0]) * kn12;
+    c12 = (cnt[1] > 0 ? cnt[1] : 1) * (cnt[2] > 0 ? cnt[2] : 1);  // a divisor (no taps: K is 0)
+    cn2 = cnt[2] > 0 ? cnt[2] : 1;
     co_all = static_cast<I>(g.co);
     cg = static_cast<I>(g.c / g.groups);
     cog = static_cast<I>(g.co / g.groups);
-    k12 = kn[1] * kn[2];
-    taps = kn[0] * k12;
     OW = static_cast<I>(g.out[2]);
     OHW = static_cast<I>(g.out[1]) * OW;
     plane = static_cast<I>(g.out[0]) * OHW;
+    // Divisors of the position decomposition, never zero (a phase may have no positions: M is 0 then).
+    Q2 = Q[2] > 0 ? Q[2] : 1;
+    Q12 = (Q[1] > 0 ? Q[1] : 1) * Q2;
     in12 = in[1] * in[2];
     in_plane = in[0] * in12;
-    M = static_cast<I>(g.n) * plane;
-    K = cg * taps;
+    M = static_cast<I>(g.n) * QP;
+    if (QP == 0) QP = 1;
+    K = cg * ctaps;
     m0 = static_cast<I>(blockIdx.x) * CBM;
     n0 = static_cast<I>(blockIdx.y) * BN;
-    grp = static_cast<I>(blockIdx.z);
+    // A: this thread gathers K row a_k of positions a_m, a_m + 32, a_m + 64, a_m + 96.
     a_k = tid >> 5;
     a_m = tid & 31;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const I m = m0 + a_m + 32 * i;
-      const I img = m / plane, pos = m - img * plane;
-      const I od = pos / OHW, oh = (pos - od * OHW) / OW, ow = pos - od * OHW - oh * OW;
+      const I img = m / QP, pos = m - img * QP;
+      const I qd = pos / Q12, qh = (pos - qd * Q12) / Q2, qw = pos - qd * Q12 - qh * Q2;
       a_base[i] = m < M ? (img * static_cast<I>(g.c) + grp * cg) * in_plane : -1;
-      a_d[i] = od * st[0] - pd[0];
-      a_h[i] = oh * st[1] - pd[1];
-      a_w[i] = ow * st[2] - pd[2];
+      a_d[i] = qd * ast[0] + aoff[0];
+      a_h[i] = qh * ast[1] + aoff[1];
+      a_w[i] = qw * ast[2] + aoff[2];
     }
-    // B: this thread loads K column b_k of output channels b_n, b_n + 32, ...
+    // B: this thread loads K row b_k of output channels b_n, b_n + 32, ...
     b_k = tid & 7;
     b_n = tid >> 3;
-    wg = w + static_cast<int64_t>(grp) * cog * K;
+    wg = w + static_cast<int64_t>(grp) * cg * cog * taps;
   }
 
   // This thread's share of K step k0, into registers (zero past the edges and in the padding).
   __device__ __forceinline__ void load(I k0) {
     const I k = k0 + a_k;
     const bool k_ok = k < K;
-    const I ci = k_ok ? k / taps : 0, t = k - ci * taps;
-    const I kd = t / k12, kh = (t - kd * k12) / kn[2], kw = t - kd * k12 - kh * kn[2];
-    const I dd = kd * dl[0], dh = kh * dl[1], dw = kw * dl[2];
+    const I ci = k_ok ? k / ctaps : 0, t = k_ok ? k - ci * ctaps : 0;
+    const I td = t / c12, th = (t - td * c12) / cn2, tw = t - td * c12 - th * cn2;
+    const I dd = td * tstep[0], dh = th * tstep[1], dw = tw * tstep[2];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const I id = a_d[i] + dd, ih = a_h[i] + dh, iw = a_w[i] + dw;
@@ -252,10 +310,21 @@ struct ConvTiles {
       a_reg[i] = ok ? __ldg(x + a_base[i] + ci * in_plane + id * in12 + ih * in[2] + iw) : 0.f;
     }
     const I kb = k0 + b_k;
+    const bool kb_ok = kb < K;
+    // The weight element of GEMM row kb: [CO, C/groups, taps], or transposed [C, CO/groups, taps] with this
+    // phase's taps only.
+    I row = kb, step = K;
+    if constexpr (kT) {
+      const I cb = kb_ok ? kb / ctaps : 0, u = kb_ok ? kb - cb * ctaps : 0;
+      const I ud = u / c12, uh = (u - ud * c12) / cn2, uw = u - ud * c12 - uh * cn2;
+      const I tap = (wk0[0] + ud * wks[0]) * kn12 + (wk0[1] + uh * wks[1]) * kn2 + wk0[2] + uw * wks[2];
+      row = cb * cog * taps + tap;
+      step = taps;
+    }
 #pragma unroll
     for (int i = 0; i < BLOADS; ++i) {
       const I n = n0 + b_n + 32 * i;
-      b_reg[i] = (kb < K && n < cog) ? __ldg(wg + n * K + kb) : 0.f;
+      b_reg[i] = (kb_ok && n < cog) ? __ldg(wg + row + n * step) : 0.f;
     }
   }
 
@@ -266,24 +335,32 @@ struct ConvTiles {
     for (int i = 0; i < BLOADS; ++i) Bs[b_k][b_n + 32 * i] = b_reg[i];
   }
 
-  // Output element (m, n) of the group's GEMM, plus the bias: y [N, CO, spatial...].
-  __device__ __forceinline__ void put(float* y, const float* bias, I m, I n, float v) const {
-    const I img = m / plane, pos = m - img * plane, co = grp * cog + n;
-    y[(img * co_all + co) * plane + pos] = v + (bias != nullptr ? __ldg(bias + co) : 0.f);
+  // Where GEMM row m's output of the group's first channel is in y [N, CO, spatial...]; a channel is a plane
+  // further.
+  __device__ __forceinline__ I out_row(I m) const {
+    const I img = m / QP, pos = m - img * QP;
+    const I qd = pos / Q12, qh = (pos - qd * Q12) / Q2, qw = pos - qd * Q12 - qh * Q2;
+    return (img * co_all + grp * cog) * plane + (ph[0] + os[0] * qd) * OHW + (ph[1] + os[1] * qh) * OW +
+           ph[2] + os[2] * qw;
+  }
+
+  __device__ __forceinline__ void put(float* y, const float* bias, I row, I n, float v) const {
+    y[row + n * plane] = v + (bias != nullptr ? __ldg(bias + grp * cog + n) : 0.f);
   }
 };
 
 // SIMT: 8 x kTN outputs a thread, summed in float in K order. With 32-bit index math a thread stays within
 // 128 registers, two blocks an SM.
-template <int kTN, typename I>
+template <int kTN, typename I, bool kT>
 __global__ void __launch_bounds__(256, sizeof(I) == 4 ? 2 : 1) stitch_conv_igemm_kernel(
     const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
     float* __restrict__ y, ConvGeom g) {
-  using Tiles = ConvTiles<kTN, I>;
+  using Tiles = ConvTiles<kTN, I, kT>;
   __shared__ __align__(16) float As[2][CBK][CBM + CPAD];
   __shared__ __align__(16) float Bs[2][CBK][Tiles::BN + CPAD];
   const int tid = threadIdx.x;
   Tiles t(x, w, g, tid);
+  if (t.m0 >= t.M) return;  // past this phase's positions (the whole block)
   const int tx = tid & 15, ty = tid >> 4;
   float acc[8][kTN] = {};
   t.load(0);
@@ -318,10 +395,11 @@ __global__ void __launch_bounds__(256, sizeof(I) == 4 ? 2 : 1) stitch_conv_igemm
   for (int i = 0; i < 8; ++i) {
     const I m = t.m0 + (i < 4 ? tx * 4 + i : 64 + tx * 4 + i - 4);
     if (m >= t.M) continue;
+    const I row = t.out_row(m);
 #pragma unroll
     for (int j = 0; j < kTN; ++j) {
       const I n = t.n0 + (j < 4 ? ty * 4 + j : 64 + ty * 4 + j - 4);
-      if (n < t.cog) t.put(y, bias, m, n, acc[i][j]);
+      if (n < t.cog) t.put(y, bias, row, n, acc[i][j]);
     }
   }
 }
@@ -329,19 +407,20 @@ __global__ void __launch_bounds__(256, sizeof(I) == 4 ? 2 : 1) stitch_conv_igemm
 // Tensor cores in float32 accuracy (3xTF32, sm_80 and later; tf32_split): each warp computes a
 // (kTN == 8 ? 64 : 32) x 32 block of the tile as 16 x 16 fragments; the accumulators go out through a
 // per-warp 16 x 16 stage in shared memory so a half-warp stores 16 consecutive output positions.
-template <int kTN, typename I>
+template <int kTN, typename I, bool kT>
 __global__ void __launch_bounds__(256) stitch_conv_tc_kernel(
     const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
     float* __restrict__ y, ConvGeom g) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   namespace wmma = nvcuda::wmma;
-  using Tiles = ConvTiles<kTN, I>;
+  using Tiles = ConvTiles<kTN, I, kT>;
   constexpr int WM = kTN == 8 ? 64 : 32, FM = WM / 16, FN = 2, WARPS_M = CBM / WM;
   __shared__ __align__(32) float As[2][CBK][CBM + CPAD];
   __shared__ __align__(32) float Bs[2][CBK][Tiles::BN + CPAD];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int wm = (warp % WARPS_M) * WM, wn = (warp / WARPS_M) * 32;
   Tiles t(x, w, g, tid);
+  if (t.m0 >= t.M) return;  // past this phase's positions (the whole block)
   wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc[FM][FN];
 #pragma unroll
   for (int i = 0; i < FM; ++i)
@@ -381,16 +460,17 @@ __global__ void __launch_bounds__(256) stitch_conv_tc_kernel(
   const int r = lane & 15;
 #pragma unroll
   for (int i = 0; i < FM; ++i) {
+    const I m = t.m0 + wm + 16 * i + r;
+    const I row = m < t.M ? t.out_row(m) : 0;
 #pragma unroll
     for (int j = 0; j < FN; ++j) {
       wmma::store_matrix_sync(stage, acc[i][j], 16, wmma::mem_col_major);
       __syncwarp();
-      const I m = t.m0 + wm + 16 * i + r;
       if (m < t.M) {
 #pragma unroll
         for (int c = lane >> 4; c < 16; c += 2) {
           const I n = t.n0 + wn + 16 * j + c;
-          if (n < t.cog) t.put(y, bias, m, n, stage[c * 16 + r]);
+          if (n < t.cog) t.put(y, bias, row, n, stage[c * 16 + r]);
         }
       }
       __syncwarp();
@@ -400,49 +480,58 @@ __global__ void __launch_bounds__(256) stitch_conv_tc_kernel(
 }
 
 // Tensor cores (3xTF32) from compute capability 8.0, the SIMT kernel before.
-template <int kTN, typename I>
+template <int kTN, typename I, bool kT>
 static void stitch_conv_igemm_run(const float* x, const float* w, const float* bias, float* y,
                                   const ConvGeom& g, const dim3& grid, bool tensor_cores) {
   cudaStream_t stream = stitch::current_stream();
   if (tensor_cores)
-    stitch_conv_tc_kernel<kTN, I><<<grid, 256, 0, stream>>>(x, w, bias, y, g);
+    stitch_conv_tc_kernel<kTN, I, kT><<<grid, 256, 0, stream>>>(x, w, bias, y, g);
   else
-    stitch_conv_igemm_kernel<kTN, I><<<grid, 256, 0, stream>>>(x, w, bias, y, g);
+    stitch_conv_igemm_kernel<kTN, I, kT><<<grid, 256, 0, stream>>>(x, w, bias, y, g);
   STITCH_LAUNCH_CHECK();
+}
+
+template <bool kT>
+static void stitch_conv_igemm_pick(const float* x, const float* w, const float* bias, float* y,
+                                   const ConvGeom& g, const dim3& grid, int tn, bool narrow) {
+  const bool tc = stitch_tensor_cores();
+  if (tn == 8 && narrow)
+    stitch_conv_igemm_run<8, int32_t, kT>(x, w, bias, y, g, grid, tc);
+  else if (tn == 8)
+    stitch_conv_igemm_run<8, int64_t, kT>(x, w, bias, y, g, grid, tc);
+  else if (narrow)
+    stitch_conv_igemm_run<4, int32_t, kT>(x, w, bias, y, g, grid, tc);
+  else
+    stitch_conv_igemm_run<4, int64_t, kT>(x, w, bias, y, g, grid, tc);
 }
 
 // The implicit GEMM where a group's output channels and its K fill a tile's width and depth (a narrow or
 // depthwise convolution keeps the direct kernel).
-static bool stitch_conv_igemm(const float* x, const float* w, const float* bias, float* y,
-                              const ConvGeom& g) {
+static bool stitch_conv_igemm(const float* x, const float* w, const float* bias, float* y, const ConvGeom& g,
+                              bool transposed) {
   const int64_t cog = g.co / g.groups, K = g.c / g.groups * g.k[0] * g.k[1] * g.k[2];
   const int64_t M = g.n * g.out[0] * g.out[1] * g.out[2];
   if (cog < 16 || K < 16 || M == 0) return false;
   const int tn = cog >= 96 ? 8 : 4;
-  const int64_t grid_m = (M + CBM - 1) / CBM, grid_n = (cog + 16 * tn - 1) / (16 * tn);
-  if (grid_m > 0x7fffffff || grid_n > 65535 || g.groups > 65535) return false;
-  const dim3 grid(static_cast<unsigned>(grid_m), static_cast<unsigned>(grid_n),
-                  static_cast<unsigned>(g.groups));
+  const ConvGrid grid = conv_igemm_grid(g, transposed, tn);
+  if (grid.m > 0x7fffffff || grid.n > 65535 || grid.z > 65535) return false;
+  const dim3 blocks(static_cast<unsigned>(grid.m), static_cast<unsigned>(grid.n),
+                    static_cast<unsigned>(grid.z));
   // 32-bit index math (fewer registers) wherever the input, weight and output index in 31 bits.
   const int64_t limit = int64_t{1} << 31;
   const bool narrow = g.n * g.c * g.in[0] * g.in[1] * g.in[2] < limit && M * g.co < limit &&
                       g.co * K < limit;
-  const bool tc = stitch_tensor_cores();
-  if (tn == 8 && narrow)
-    stitch_conv_igemm_run<8, int32_t>(x, w, bias, y, g, grid, tc);
-  else if (tn == 8)
-    stitch_conv_igemm_run<8, int64_t>(x, w, bias, y, g, grid, tc);
-  else if (narrow)
-    stitch_conv_igemm_run<4, int32_t>(x, w, bias, y, g, grid, tc);
+  if (transposed)
+    stitch_conv_igemm_pick<true>(x, w, bias, y, g, blocks, tn, narrow);
   else
-    stitch_conv_igemm_run<4, int64_t>(x, w, bias, y, g, grid, tc);
+    stitch_conv_igemm_pick<false>(x, w, bias, y, g, blocks, tn, narrow);
   return true;
 }
 
 static void stitch_conv_launch(const float* x, const float* w, const float* bias, float* y,
                                const int64_t* geom, bool transposed) {
   const ConvGeom g = conv_geom(geom);
-  if (!transposed && stitch_conv_igemm(x, w, bias, y, g)) return;
+  if (stitch_conv_igemm(x, w, bias, y, g, transposed)) return;
   // Four output channels a thread where a group's channels split evenly (always, for the usual widths).
   const bool blocked = (g.co / g.groups) % 4 == 0;
   if (transposed)

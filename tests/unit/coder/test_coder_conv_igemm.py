@@ -95,24 +95,23 @@ __PRELUDE__
 __COMMON__
 static bool stitch_tc = false;
 __KERNEL__
-template <int kTN, typename I>
+template <int kTN, typename I, bool kT>
 static void stitch_conv_igemm_emulated(const float* x, const float* w, const float* bias, float* y,
                                        const ConvGeom& g) {
-  const int64_t cog = g.co / g.groups, M = g.n * g.out[0] * g.out[1] * g.out[2];
-  const int64_t grid_m = (M + CBM - 1) / CBM, grid_n = (cog + 16 * kTN - 1) / (16 * kTN);
+  const ConvGrid grid = conv_igemm_grid(g, kT, kTN);
   pthread_barrier_init(&stitch_barrier, nullptr, 256);
-  for (unsigned bz = 0; bz < g.groups; ++bz)
-    for (unsigned by = 0; by < grid_n; ++by)
-      for (unsigned bx = 0; bx < grid_m; ++bx) {
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.n; ++by)
+      for (unsigned bx = 0; bx < grid.m; ++bx) {
         std::vector<std::thread> block;
         for (unsigned t = 0; t < 256; ++t)
           block.emplace_back([=, &g] {
             blockIdx = {bx, by, bz};
             threadIdx = {t, 0, 0};
             if (stitch_tc)
-              stitch_conv_tc_kernel<kTN, I>(x, w, bias, y, g);
+              stitch_conv_tc_kernel<kTN, I, kT>(x, w, bias, y, g);
             else
-              stitch_conv_igemm_kernel<kTN, I>(x, w, bias, y, g);
+              stitch_conv_igemm_kernel<kTN, I, kT>(x, w, bias, y, g);
           });
         for (std::thread& th : block) th.join();
       }
@@ -120,25 +119,29 @@ static void stitch_conv_igemm_emulated(const float* x, const float* w, const flo
 }
 static int64_t stitch_tn = 8;
 static bool stitch_wide = false;
+template <bool kT>
+static void stitch_conv_pick(const float* x, const float* w, const float* bias, float* y, const ConvGeom& g) {
+  if (stitch_wide)
+    stitch_tn == 8 ? stitch_conv_igemm_emulated<8, int64_t, kT>(x, w, bias, y, g)
+                   : stitch_conv_igemm_emulated<4, int64_t, kT>(x, w, bias, y, g);
+  else
+    stitch_tn == 8 ? stitch_conv_igemm_emulated<8, int32_t, kT>(x, w, bias, y, g)
+                   : stitch_conv_igemm_emulated<4, int32_t, kT>(x, w, bias, y, g);
+}
 static void stitch_conv_launch(const float* x, const float* w, const float* bias, float* y,
                                const int64_t* geom, bool transposed) {
   const ConvGeom g = conv_geom(geom);
-  if (stitch_wide)
-    stitch_tn == 8 ? stitch_conv_igemm_emulated<8, int64_t>(x, w, bias, y, g)
-                   : stitch_conv_igemm_emulated<4, int64_t>(x, w, bias, y, g);
-  else
-    stitch_tn == 8 ? stitch_conv_igemm_emulated<8, int32_t>(x, w, bias, y, g)
-                   : stitch_conv_igemm_emulated<4, int32_t>(x, w, bias, y, g);
+  transposed ? stitch_conv_pick<true>(x, w, bias, y, g) : stitch_conv_pick<false>(x, w, bias, y, g);
 }
 __HOST__
 at::Tensor stitch_conv_tn(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                           const std::vector<int64_t>& stride, const std::vector<int64_t>& pad,
-                          const std::vector<int64_t>& dil, int64_t groups, int64_t tn, bool wide, bool tc) {
+                          const std::vector<int64_t>& dil, int64_t groups, int64_t tn, bool wide, bool tc,
+                          const std::vector<int64_t>& out_pad, bool transposed) {
   stitch_tc = tc;
   stitch_tn = tn;
   stitch_wide = wide;
-  const std::vector<int64_t> none(stride.size(), 0);
-  return stitch_conv(x, w, bias, stride, pad, pad, dil, none, groups, false);
+  return stitch_conv(x, w, bias, stride, pad, pad, dil, out_pad, groups, transposed);
 }
 """
 
@@ -162,6 +165,18 @@ GEOMETRIES = [
     ((1, 4, 5, 6, 7), (128, 4, 3, 2, 3), (1, 2, 1), (1, 0, 2), (2, 1, 1), 1, False),  # 3-D
     ((3, 5, 50), (100, 5, 4), (3,), (2,), (1,), 1, True),  # 1-D; K = 20, not a multiple of 8
     ((1, 40, 6, 6), (20, 40, 3, 3), (1, 1), (0, 0), (1, 1), 1, True),  # K = 360 over 45 steps
+]
+
+
+# Transposed: (x shape, weight shape [C, CO/groups, taps...], stride, padding, output padding, dilation,
+# groups, bias). Strides make several output phases, some with no taps (stride > kernel extent) or none of the
+# positions (an output shorter than the stride).
+TRANSPOSED = [
+    ((2, 8, 5, 6), (8, 16, 3, 3), (2, 2), (1, 1), (1, 0), (1, 1), 1, True),  # four phases, 2x2 / 2x1 taps
+    ((1, 6, 4, 3, 5), (6, 10, 3, 2, 3), (2, 1, 3), (1, 0, 1), (0, 0, 2), (1, 2, 1), 2, True),  # 3-D, groups
+    ((3, 16, 7), (16, 20, 2), (3,), (0,), (1,), (1,), 1, False),  # stride 3 > 2 taps: a phase with no taps
+    ((1, 4, 6, 5), (4, 24, 3, 3), (2, 2), (2, 1), (0, 1), (2, 3), 1, True),  # dilation against stride
+    ((1, 20, 1, 4), (20, 17, 1, 3), (2, 1), (0, 0), (0, 0), (1, 1), 1, True),  # one output row: empty phase
 ]
 
 
@@ -209,11 +224,55 @@ def test_igemm_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path, ten
         for tn in (4, 8):
             for wide in (False, True):  # 32- and 64-bit index math
                 got = ext.stitch_conv_tn(
-                    x, w, b, list(stride), list(pad), list(dil), groups, tn, wide, tensor_cores
+                    x,
+                    w,
+                    b,
+                    list(stride),
+                    list(pad),
+                    list(dil),
+                    groups,
+                    tn,
+                    wide,
+                    tensor_cores,
+                    [0] * len(stride),
+                    False,
                 )
                 assert got.shape == want.shape
                 torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
                 assert rel_l2(got, want) < 2e-6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tensor_cores", [False, True], ids=["simt", "3xtf32"])
+def test_transposed_igemm_emulated_on_the_cpu_matches_torch(tmp_path: Path, tensor_cores: bool) -> None:
+    """One GEMM per output phase, over the taps that land on it: every phase's positions, the phases with
+    no taps (bias alone) and those with no positions, groups, dilations, output padding, 1-3 dims."""
+    ext = emulated_conv(tmp_path, f"stitch_conv_transposed_on_cpu_{int(tensor_cores)}")
+    torch.manual_seed(2)
+    for xs, ws, stride, pad, out_pad, dil, groups, has_bias in TRANSPOSED:
+        x, w = torch.randn(xs), torch.randn(ws)
+        b = torch.randn(ws[1] * groups) if has_bias else None
+        nd = len(ws) - 2
+        want = getattr(torch.nn.functional, f"conv_transpose{nd}d")(
+            x.double(), w.double(), b.double() if b is not None else None, stride, pad, out_pad, groups, dil
+        )
+        for tn in (4, 8):
+            got = ext.stitch_conv_tn(
+                x,
+                w,
+                b,
+                list(stride),
+                list(pad),
+                list(dil),
+                groups,
+                tn,
+                tn == 8,
+                tensor_cores,
+                list(out_pad),
+                True,
+            )
+            assert got.shape == want.shape
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -230,5 +289,7 @@ def test_tensor_core_products_need_the_residual_terms_for_float32_accuracy(tmp_p
     torch.manual_seed(1)
     xs, ws, stride, pad, dil, groups, has_bias = GEOMETRIES[4]
     x, w, b, want = reference(xs, ws, stride, pad, dil, groups, has_bias)
-    got = plain.stitch_conv_tn(x, w, b, list(stride), list(pad), list(dil), groups, 4, False, True)
+    got = plain.stitch_conv_tn(
+        x, w, b, list(stride), list(pad), list(dil), groups, 4, False, True, [0] * len(stride), False
+    )
     assert rel_l2(got, want) > 1e-4
