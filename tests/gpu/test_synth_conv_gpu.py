@@ -1,5 +1,7 @@
-"""The synthesizer's own convolution kernels and einsum GEMMs on a GPU (strict policy): implicit-GEMM and direct
-1-D/2-D/3-D convolutions and transposed 1-D/2-D/3-D convolutions over strides, paddings, output paddings, dilations and groups, with
+"""The synthesizer's own convolution kernels and einsum GEMMs on a GPU (strict policy): implicit-GEMM (3xTF32
+tensor cores from sm_80) and direct 1-D/2-D/3-D convolutions and transposed 1-D/2-D/3-D convolutions (the implicit
+GEMM per output phase where a group has >= 16 output channels) over strides, paddings, output paddings, dilations
+and groups, with
 outputs larger than one pass of the grid-stride loop, each within 1e-5 (relative L2) of a float64
 evaluation of the reference on fresh and shifted inputs."""
 
@@ -74,6 +76,18 @@ PROBLEMS = {
         "nn.Conv2d(3, 64, 7, stride=2, padding=3)",
         "[torch.randn(2, 3, 67, 71)]",
         forward="torch.relu(self.layer(x))",
+    ),
+    # Transposed through the implicit GEMM, one GEMM per output phase.
+    "conv_transpose2d_igemm": problem(
+        "nn.ConvTranspose2d(32, 64, 4, stride=2, padding=1)", "[torch.randn(3, 32, 33, 35)]"
+    ),
+    "conv_transpose3d_igemm_grouped": problem(
+        "nn.ConvTranspose3d(32, 64, 3, stride=2, padding=1, output_padding=1, groups=2)",
+        "[torch.randn(2, 32, 7, 9, 11)]",
+    ),
+    "conv_transpose1d_igemm_dilated": problem(
+        "nn.ConvTranspose1d(24, 48, 5, stride=3, padding=2, dilation=2, bias=False)",
+        "[torch.randn(4, 24, 501)]",
     ),
     "einsum_4d_matmul": problem(
         "nn.Identity()",
