@@ -1092,6 +1092,8 @@ def emit(
             "",
             "#include <cuda_runtime.h>",
             *(["#include <mma.h>"] if "nvcuda::wmma" in device_code else []),
+            # The variant mma=simt: the own GEMM and convolution kernels without tensor cores.
+            *(["#define STITCH_SIMT_ONLY 1"] if variant.mma == "simt" else []),
             "",
             "#include <algorithm>",
             "#include <cstddef>",

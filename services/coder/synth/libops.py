@@ -711,8 +711,12 @@ __device__ __forceinline__ void tf32_split(Frag& hi, Frag& lo) {
   }
 }
 
-// Whether this device runs the tensor-core kernels (compute capability 8.0 or later).
+// Whether this device runs the tensor-core kernels (compute capability 8.0 or later, and not the variant
+// mma=simt).
 inline bool stitch_tensor_cores() {
+#ifdef STITCH_SIMT_ONLY
+  return false;
+#endif
   int device = 0, major = 0;
   STITCH_CUDA_CHECK(cudaGetDevice(&device));
   STITCH_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));

@@ -29,6 +29,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "gemm_bias": ("library", "epilogue"),
     # The bias of a convolution: in the epilogue kernel or inside the library call.
     "conv_bias": ("epilogue", "library"),
+    # Products of the own GEMM and convolution kernels on CUDA: 3xTF32 tensor cores (compute capability 8.0
+    # and later; float32-class accuracy) or SIMT float32 FMAs.
+    "mma": ("tf32x3", "simt"),
     # Accumulator of sums: auto (double on CPU and for split reductions, float otherwise), float, double.
     "acc": ("auto", "double", "float"),
     # Split long reductions over several blocks/threads when there are few rows.
@@ -47,6 +50,7 @@ class Variant:
     gemm: str = "library"
     gemm_bias: str = "library"
     conv_bias: str = "epilogue"
+    mma: str = "tf32x3"
     acc: str = "auto"
     split: str = "auto"
     grain: str = "32768"
@@ -87,6 +91,7 @@ RELEVANT: dict[str, frozenset[str]] = {
     "gemm": frozenset({"gemm", "conv"}),
     "gemm_bias": frozenset({"gemm"}),
     "conv_bias": frozenset({"conv"}),
+    "mma": frozenset({"gemm", "conv"}),
 }
 
 
@@ -119,6 +124,8 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
             out.append(
                 (previous.with_(acc="double"), f"close miss (rel_l2 {worst:.2e} vs {tol:.2e}): double sums")
             )
+        if cuda and previous.gemm == "custom" and previous.mma != "simt":
+            out.append((previous.with_(mma="simt"), "mismatch: SIMT float32 GEMM/convolution products"))
         if previous.fusion != "none":
             out.append((previous.with_(fusion="none"), "mismatch: isolate the ops in separate kernels"))
         if previous.vec != "1":
@@ -152,6 +159,10 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
                     out.append((previous.with_(row_block=rb), f"row kernels with up to {rb} threads"))
         if previous.split != "off":
             out.append((previous.with_(split="off"), "one block per row, no split reduction"))
+        if previous.gemm == "custom" and previous.mma != "simt":
+            out.append(
+                (previous.with_(mma="simt"), "own GEMM/convolution on SIMT cores, measured against 3xTF32")
+            )
         if previous.gemm_bias != "epilogue":
             out.append((previous.with_(gemm_bias="epilogue"), "bias fused into the epilogue kernel"))
         if previous.conv_bias != "library":

@@ -39,6 +39,56 @@ def test_close_numerical_miss_asks_for_double_accumulators() -> None:
     assert {p.signature() for p, _ in picks} >= {"acc=double", "fusion=none"}
 
 
+def test_own_gemm_kernels_can_step_from_tensor_cores_to_simt() -> None:
+    """A mismatch of a program with its own GEMM/convolution kernels, or an accepted one to measure, tries the
+    SIMT float32 products against the 3xTF32 tensor cores; a library program never does (nothing changes)."""
+    v = verdict(compiled=True, correct=False, reason="mismatch")
+    v.correctness.max_rel_l2 = 3e-3
+    v.correctness.tolerance = 1e-5
+    custom = Variant(gemm="custom")
+    picks = next_variants({**custom.as_map(), "features": "gemm,conv"}, v, cuda=True, count=2)
+    assert picks[0][0].mma == "simt" and "SIMT" in picks[0][1]
+    assert all(p.mma == "tf32x3" for p, _ in next_variants(Variant().as_map(), v, cuda=True, count=5))
+    ok = verdict(compiled=True, correct=True, accepted=True)
+    ok.profile.bound = "compute"
+    sigs = [p.signature() for p, _ in next_variants(custom.as_map(), ok, cuda=True, count=10)]
+    assert "gemm=custom,mma=simt" in sigs
+
+
+CONV = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 32, 3)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+def get_inputs():
+    return [torch.randn(2, 8, 16, 16)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_the_simt_variant_is_compiled_into_the_kernels() -> None:
+    """mma=simt reaches the CUDA program: its kernels' device query then answers no tensor cores."""
+    from stitchcuda.coder.synth.synthesizer import Synthesizer
+
+    synth = Synthesizer(in_process=True)  # this test's own reference
+    kernels = {}
+    for mma in ("tf32x3", "simt"):
+        out = synth.synthesize(CONV, None, variant=Variant(gemm="custom", mma=mma), device="cuda")
+        kernels[mma] = out.files["kernels.cu"]
+        assert "stitch_conv_tc_kernel" in kernels[mma] and "#ifdef STITCH_SIMT_ONLY" in kernels[mma]
+    assert "#define STITCH_SIMT_ONLY 1" in kernels["simt"]
+    assert "#define STITCH_SIMT_ONLY" not in kernels["tf32x3"]
+
+
 def test_low_custom_share_moves_work_into_custom_kernels() -> None:
     v = verdict(
         compiled=True, correct=True, accepted=False, reason="custom kernels cover 4% of device time (D6)"
