@@ -433,24 +433,7 @@ __global__ void __launch_bounds__(256) stitch_conv_tc_kernel(
   for (I k0 = 0; k0 < t.K; k0 += CBK) {
     const bool next = k0 + CBK < t.K;
     if (next) t.load(k0 + CBK);
-    wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> b_hi[FN], b_lo[FN];
-#pragma unroll
-    for (int j = 0; j < FN; ++j) {
-      wmma::load_matrix_sync(b_hi[j], &Bs[buf][0][wn + 16 * j], Tiles::BN + CPAD);
-      tf32_split(b_hi[j], b_lo[j]);
-    }
-#pragma unroll
-    for (int i = 0; i < FM; ++i) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> a_hi, a_lo;
-      wmma::load_matrix_sync(a_hi, &As[buf][0][wm + 16 * i], CBM + CPAD);
-      tf32_split(a_hi, a_lo);
-#pragma unroll
-      for (int j = 0; j < FN; ++j) {
-        wmma::mma_sync(acc[i][j], a_lo, b_hi[j], acc[i][j]);
-        wmma::mma_sync(acc[i][j], a_hi, b_lo[j], acc[i][j]);
-        wmma::mma_sync(acc[i][j], a_hi, b_hi[j], acc[i][j]);
-      }
-    }
+    tf32x3_step(acc, &As[buf][0][wm], CBM + CPAD, &Bs[buf][0][wn], Tiles::BN + CPAD);
     if (next) t.store(As[buf ^ 1], Bs[buf ^ 1]);
     __syncthreads();
     buf ^= 1;

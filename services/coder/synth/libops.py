@@ -307,24 +307,7 @@ __global__ void __launch_bounds__(256) stitch_gemm_tc_kernel(
   for (I k0 = 0; k0 < K; k0 += HBK) {
     const bool next = k0 + HBK < K;
     if (next) t.load(k0 + HBK);
-    wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> b_hi[FN], b_lo[FN];
-#pragma unroll
-    for (int j = 0; j < FN; ++j) {
-      wmma::load_matrix_sync(b_hi[j], &Bs[buf][0][wn + 16 * j], HBN + HPAD);
-      tf32_split(b_hi[j], b_lo[j]);
-    }
-#pragma unroll
-    for (int i = 0; i < FM; ++i) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> a_hi, a_lo;
-      wmma::load_matrix_sync(a_hi, &As[buf][0][wm + 16 * i], HBM + HPAD);
-      tf32_split(a_hi, a_lo);
-#pragma unroll
-      for (int j = 0; j < FN; ++j) {
-        wmma::mma_sync(acc[i][j], a_lo, b_hi[j], acc[i][j]);
-        wmma::mma_sync(acc[i][j], a_hi, b_lo[j], acc[i][j]);
-        wmma::mma_sync(acc[i][j], a_hi, b_hi[j], acc[i][j]);
-      }
-    }
+    tf32x3_step(acc, &As[buf][0][wm], HBM + HPAD, &Bs[buf][0][wn], HBN + HPAD);
     if (next) t.store(As[buf ^ 1], Bs[buf ^ 1]);
     __syncthreads();
     buf ^= 1;
@@ -708,6 +691,33 @@ __device__ __forceinline__ void tf32_split(Frag& hi, Frag& lo) {
     const float h = nvcuda::wmma::__float_to_tf32(v);
     hi.x[i] = h;
     lo.x[i] = fabsf(v) <= 3.402823466e38f ? nvcuda::wmma::__float_to_tf32(v - h) : 0.f;
+  }
+}
+
+// One K step of 8 on tensor cores: a warp's FM x FN accumulators (16 x 16 fragments) += its 16 FM rows of A
+// (column-major in shared memory, leading dimension lda) times its 16 FN columns of B (row-major, ldb), each
+// product as hi*lo + lo*hi + hi*hi.
+template <int FM, int FN, typename Acc>
+__device__ __forceinline__ void tf32x3_step(Acc (&acc)[FM][FN], const float* a, int lda, const float* b,
+                                            int ldb) {
+  namespace wmma = nvcuda::wmma;
+  wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> b_hi[FN], b_lo[FN];
+#pragma unroll
+  for (int j = 0; j < FN; ++j) {
+    wmma::load_matrix_sync(b_hi[j], b + 16 * j, ldb);
+    tf32_split(b_hi[j], b_lo[j]);
+  }
+#pragma unroll
+  for (int i = 0; i < FM; ++i) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> a_hi, a_lo;
+    wmma::load_matrix_sync(a_hi, a + 16 * i, lda);
+    tf32_split(a_hi, a_lo);
+#pragma unroll
+    for (int j = 0; j < FN; ++j) {
+      wmma::mma_sync(acc[i][j], a_lo, b_hi[j], acc[i][j]);
+      wmma::mma_sync(acc[i][j], a_hi, b_lo[j], acc[i][j]);
+      wmma::mma_sync(acc[i][j], a_hi, b_hi[j], acc[i][j]);
+    }
   }
 }
 

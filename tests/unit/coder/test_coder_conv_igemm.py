@@ -180,12 +180,12 @@ TRANSPOSED = [
 ]
 
 
-def emulated_conv(tmp_path: Path, name: str, kernels: str = "") -> Any:
-    """Both implicit-GEMM kernels' text (or `kernels` in their place) built for the CPU."""
+def emulated_conv(tmp_path: Path, name: str, split: str = "") -> Any:
+    """Both implicit-GEMM kernels' text built for the CPU, with the tensor cores' split and step (or `split`)."""
     source = convolution.CUDA
-    kernels = kernels or source[source.index("constexpr int CBM") : source.index(KERNELS_END)]
+    kernels = source[source.index("constexpr int CBM") : source.index(KERNELS_END)]
     source = IGEMM_ON_CPU.replace("__COMMON__", convolution.COMMON).replace(
-        "__KERNEL__", tf32_split() + kernels
+        "__KERNEL__", (split or tf32_split()) + kernels
     )
     return load_emulated(name, source.replace("__HOST__", convolution.HOST), "stitch_conv_tn", tmp_path)
 
@@ -195,7 +195,7 @@ KERNELS_END = "// Tensor cores (3xTF32) from compute capability 8.0"
 
 
 def tf32_split() -> str:
-    """The tensor-core kernels' shared split (libops.TENSOR_CORES without its CUDA device query)."""
+    """The tensor-core kernels' shared split and K step (libops.TENSOR_CORES without its device query)."""
     return libops.TENSOR_CORES[: libops.TENSOR_CORES.index("// Whether this device runs")]
 
 
@@ -279,13 +279,12 @@ def test_transposed_igemm_emulated_on_the_cpu_matches_torch(tmp_path: Path, tens
 def test_tensor_core_products_need_the_residual_terms_for_float32_accuracy(tmp_path: Path) -> None:
     """The split is what makes TF32 tensor cores float32-accurate: the same kernel with the hi*lo and lo*hi
     products dropped is plain TF32, an error the Verifier rejects (and the emulated TF32 rounding is real)."""
-    source = convolution.CUDA
-    kernels = source[source.index("constexpr int CBM") : source.index(KERNELS_END)]
-    residuals = [line for line in kernels.splitlines() if "mma_sync" in line and "_lo" in line]
+    split = tf32_split()
+    residuals = [line for line in split.splitlines() if "mma_sync" in line and "_lo" in line]
     assert len(residuals) == 2, residuals
     for line in residuals:
-        kernels = kernels.replace(line + "\n", "")
-    plain = emulated_conv(tmp_path, "stitch_conv_plain_tf32_on_cpu", kernels)
+        split = split.replace(line + "\n", "")
+    plain = emulated_conv(tmp_path, "stitch_conv_plain_tf32_on_cpu", split)
     torch.manual_seed(1)
     xs, ws, stride, pad, dil, groups, has_bias = GEOMETRIES[4]
     x, w, b, want = reference(xs, ws, stride, pad, dil, groups, has_bias)
