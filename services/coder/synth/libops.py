@@ -726,11 +726,12 @@ __device__ __forceinline__ void tf32x3_step(Acc (&acc)[FM][FN], const float* a, 
 inline bool stitch_tensor_cores() {
 #ifdef STITCH_SIMT_ONLY
   return false;
-#endif
+#else
   int device = 0, major = 0;
   STITCH_CUDA_CHECK(cudaGetDevice(&device));
   STITCH_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   return major >= 8;
+#endif
 }
 """
 

@@ -545,8 +545,9 @@ def determinism(model: Any, items: list[Any], ref32: list[Any], seed: int, devic
 def counted_forward(
     model: Any, items: list[Any], device: str, seed: int, host: bool = True
 ) -> tuple[list[Any], dict[str, Any]]:
-    """The first set's forward, counted as it runs: its FLOPs (torch's flop counter) and the device memory it
-    takes beyond its inputs and parameters (D10's allowance). No second forward, no second copy of the set."""
+    """The first set's `forward`, counted as it runs: its FLOPs (torch's flop counter) and the device memory
+    it takes beyond its inputs and parameters (D10's allowance). No second forward, no second copy of the
+    set."""
     import torch
 
     xs = common.to_device(items, device)
@@ -560,20 +561,16 @@ def counted_forward(
         from torch.utils.flop_counter import FlopCounterMode
 
         counter = FlopCounterMode(display=False)
-        with counter, torch.no_grad():
-            result = model(*xs)
+        with counter:
+            outs = forward(model, xs, device, host)
         counted["flops"] = float(counter.get_total_flops())
     except Exception as exc:  # the counter's failure, or the model's own (raised again below)
         counted["note"] = f"flop counter failed: {common.error_line(exc, 200)}"
         common.seed_all(seed)
-        with torch.no_grad():
-            result = model(*xs)
+        outs = forward(model, xs, device, host)
     if device == "cuda":
-        torch.cuda.synchronize()
         counted["forward_peak"] = max(0, torch.cuda.max_memory_allocated() - before)
-    del xs
-    outs = common.flatten(result)
-    return (common.to_cpu(outs) if host else outs), counted
+    return outs, counted
 
 
 def cost(items: list[Any], outs: list[Any], param_bytes: int, counted: dict[str, Any]) -> dict[str, Any]:

@@ -210,6 +210,17 @@ def reference(xs: tuple[int, ...], ws: tuple[int, ...], stride: tuple[int, ...],
     return x, w, b, want
 
 
+def conv_on_cpu(ext: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stride: tuple[int, ...],
+                pad: tuple[int, ...], dil: tuple[int, ...], groups: int, *, tn: int, wide: bool,
+                tensor_cores: bool, out_pad: tuple[int, ...] | None = None) -> torch.Tensor:  # fmt: skip
+    """One convolution through the emulated kernels: transposed where `out_pad` is given."""
+    transposed = out_pad is not None
+    pads = list(out_pad) if out_pad is not None else [0] * len(stride)
+    return ext.stitch_conv_tn(  # type: ignore[no-any-return]
+        x, w, b, list(stride), list(pad), list(dil), groups, tn, wide, tensor_cores, pads, transposed
+    )
+
+
 def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double() - want).norm() / want.norm())
 
@@ -224,19 +235,8 @@ def test_igemm_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path, ten
         # 32- and 64-bit index math; the tensor-core kernel shares the SIMT kernel's tiles, so two of the four.
         shapes = [(4, False), (8, True)] if tensor_cores else [(4, False), (4, True), (8, False), (8, True)]
         for tn, wide in shapes:
-            got = ext.stitch_conv_tn(
-                x,
-                w,
-                b,
-                list(stride),
-                list(pad),
-                list(dil),
-                groups,
-                tn,
-                wide,
-                tensor_cores,
-                [0] * len(stride),
-                False,
+            got = conv_on_cpu(
+                ext, x, w, b, stride, pad, dil, groups, tn=tn, wide=wide, tensor_cores=tensor_cores
             )
             assert got.shape == want.shape
             torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
@@ -258,19 +258,19 @@ def test_transposed_igemm_emulated_on_the_cpu_matches_torch(tmp_path: Path, tens
             x.double(), w.double(), b.double() if b is not None else None, stride, pad, out_pad, groups, dil
         )
         for tn in (4, 8):
-            got = ext.stitch_conv_tn(
+            got = conv_on_cpu(
+                ext,
                 x,
                 w,
                 b,
-                list(stride),
-                list(pad),
-                list(dil),
+                stride,
+                pad,
+                dil,
                 groups,
-                tn,
-                tn == 8,
-                tensor_cores,
-                list(out_pad),
-                True,
+                tn=tn,
+                wide=tn == 8,
+                tensor_cores=tensor_cores,
+                out_pad=out_pad,
             )
             assert got.shape == want.shape
             torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
@@ -289,7 +289,5 @@ def test_tensor_core_products_need_the_residual_terms_for_float32_accuracy(tmp_p
     torch.manual_seed(1)
     xs, ws, stride, pad, dil, groups, has_bias = GEOMETRIES[4]
     x, w, b, want = reference(xs, ws, stride, pad, dil, groups, has_bias)
-    got = plain.stitch_conv_tn(
-        x, w, b, list(stride), list(pad), list(dil), groups, 4, False, True, [0] * len(stride), False
-    )
+    got = conv_on_cpu(plain, x, w, b, stride, pad, dil, groups, tn=4, wide=False, tensor_cores=True)
     assert rel_l2(got, want) > 1e-4
