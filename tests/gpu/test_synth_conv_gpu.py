@@ -89,6 +89,28 @@ PROBLEMS = {
         "nn.ConvTranspose1d(24, 48, 5, stride=3, padding=2, dilation=2, bias=False)",
         "[torch.randn(4, 24, 501)]",
     ),
+    # Pointwise kernels over the output fused into the store (variant epilogue=fused): broadcast parameters,
+    # a residual input, a transposed convolution's phases, a Linear through the large tiles.
+    "conv2d_igemm_epilogue_residual": problem(
+        "nn.Conv2d(32, 64, 3, padding=1)",
+        "[torch.randn(3, 32, 33, 35), torch.randn(3, 64, 33, 35), torch.randn(64, 1, 1)]",
+        forward="torch.nn.functional.gelu(self.layer(x) * s) + r",
+        args="x, r, s",
+    ),
+    "conv_transpose3d_igemm_epilogue": problem(
+        "nn.ConvTranspose3d(32, 32, 3, stride=2, padding=1, output_padding=1)",
+        "[torch.randn(2, 32, 7, 9, 11)]",
+        forward="torch.clamp(torch.sigmoid(self.layer(x)) - 0.25, min=0.0, max=0.5)",
+    ),
+    "linear_epilogue_large_tiles": problem(
+        "nn.Linear(512, 2048)",
+        "[torch.randn(4, 1024, 512), torch.randn(2048)]",
+        forward="torch.nn.functional.leaky_relu(self.layer(x) + b, 0.05) * 2.0",
+        args="x, b",
+    ),
+    "linear_epilogue_small_tiles": problem(
+        "nn.Linear(100, 70)", "[torch.randn(9, 100)]", forward="torch.tanh(self.layer(x))"
+    ),
     "einsum_4d_matmul": problem(
         "nn.Identity()",
         "[torch.randn(4, 33, 65, 96), torch.randn(96, 130)]",
@@ -108,6 +130,16 @@ def test_own_convolution_and_einsum_kernels_match(synth: Synthesizer, name: str)
     source = PROBLEMS[name]
     synthesis = build_source(synth, source, Variant())
     host = synthesis.files["forward.cpp"]
-    assert "stitch_conv(" in host or "stitch_einsum_gemm(" in host
-    assert "at::conv" not in host and "at::einsum" not in host
+    assert any(f"stitch_{call}" in host for call in ("conv(", "conv_prepare(", "einsum_gemm(", "linear_prepare("))
+    assert "at::conv" not in host and "at::einsum" not in host and "at::linear" not in host
+    compare(source, synthesis.files["model_new.py"])
+
+
+@pytest.mark.parametrize("name", [name for name in PROBLEMS if "epilogue" in name or name.endswith("_relu")])
+def test_epilogues_as_kernels_of_their_own_match(synth: Synthesizer, name: str) -> None:
+    """The variant epilogue=kernel (what the optimize skill falls back to): the same problems with the
+    pointwise kernel launched after the convolution or GEMM."""
+    source = PROBLEMS[name]
+    synthesis = build_source(synth, source, Variant(epilogue="kernel"))
+    assert "_prepare(" not in synthesis.files["forward.cpp"].split(" forward(")[-1]
     compare(source, synthesis.files["model_new.py"])

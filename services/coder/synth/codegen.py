@@ -506,6 +506,8 @@ class Host:
                 if self.custom:
                     self.helpers.add("custom")
                 return [f"const std::vector<at::Tensor> {list_var(op.out)} = {self.rnn_expr(op)};"]
+            if op.fn in convolution.CONV_FNS and self.custom:
+                self.helpers.add("conv_plain")  # launched here, without an epilogue
             lines = [f"at::Tensor {tensor_var(op.out)} = {self.lib_expr(op)};"]
             if op.attrs.get("causal"):
                 self.helpers.add("causal")

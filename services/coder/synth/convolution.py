@@ -119,13 +119,15 @@ static void stitch_conv_launch(const float* x, const float* w, const float* bias
 """.replace("__WEIGHT__", _WEIGHT)
 
 CUDA = r"""
+// The store of every CUDA convolution kernel goes through an epilogue `epi(v, i)`: v is the output element
+// (bias included) at flat index i of y [N, CO, spatial...] (libops.TENSOR_CORES: StitchNoEpi stores v).
 // Direct convolution and its transpose (CUDA): one thread per kCo output channels of one output position,
 // summed in float, so each input load feeds kCo FMAs. Threads of a warp share their output channels (width
 // is the fastest index), so each weight load is a broadcast; a tap's validity is decided once, outside the
 // loop over input channels.
-template <bool kTransposed, int kCo>
+template <bool kTransposed, int kCo, typename Epi>
 __global__ void __launch_bounds__(256) stitch_conv_kernel(const float* __restrict__ x,
-    const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y, ConvGeom g) {
+    const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y, ConvGeom g, Epi epi) {
 __WEIGHT__  const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2], plane = OD * OH * OW;
   const int64_t blocks_co = g.co / kCo, total = g.n * blocks_co * plane;
   // Weight step between consecutive output channels of one group.
@@ -159,16 +161,21 @@ __WEIGHT__  const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2], plane = O
       }
     }
 #pragma unroll
-    for (int j = 0; j < kCo; ++j) y[(n * g.co + co0 + j) * plane + pos] = s[j];
+    for (int j = 0; j < kCo; ++j) {
+      const int64_t at = (n * g.co + co0 + j) * plane + pos;
+      y[at] = epi(s[j], at);
+    }
   }
 }
 
-template <bool kTransposed, int kCo>
-static void stitch_conv_run(const float* x, const float* w, const float* bias, float* y, const ConvGeom& g) {
+template <bool kTransposed, int kCo, typename Epi>
+static void stitch_conv_run(const float* x, const float* w, const float* bias, float* y, const ConvGeom& g,
+                            const Epi& epi) {
   const int64_t total = g.n * (g.co / kCo) * g.out[0] * g.out[1] * g.out[2];
   if (total == 0) return;
   const int64_t blocks = std::min<int64_t>((total + 255) / 256, static_cast<int64_t>(sm_count()) * 8);
-  stitch_conv_kernel<kTransposed, kCo><<<blocks, 256, 0, stitch::current_stream()>>>(x, w, bias, y, g);
+  cudaStream_t stream = stitch::current_stream();
+  stitch_conv_kernel<kTransposed, kCo, Epi><<<blocks, 256, 0, stream>>>(x, w, bias, y, g, epi);
   STITCH_LAUNCH_CHECK();
 }
 
@@ -344,17 +351,20 @@ struct ConvTiles {
            ph[2] + os[2] * qw;
   }
 
-  __device__ __forceinline__ void put(float* y, const float* bias, I row, I n, float v) const {
-    y[row + n * plane] = v + (bias != nullptr ? __ldg(bias + grp * cog + n) : 0.f);
+  template <typename Epi>
+  __device__ __forceinline__ void put(float* y, const float* bias, I row, I n, float v,
+                                      const Epi& epi) const {
+    const I at = row + n * plane;
+    y[at] = epi(v + (bias != nullptr ? __ldg(bias + grp * cog + n) : 0.f), at);
   }
 };
 
 // SIMT: 8 x kTN outputs a thread, summed in float in K order. With 32-bit index math a thread stays within
 // 128 registers, two blocks an SM.
-template <int kTN, typename I, bool kT>
+template <int kTN, typename I, bool kT, typename Epi>
 __global__ void __launch_bounds__(256, sizeof(I) == 4 ? 2 : 1) stitch_conv_igemm_kernel(
     const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
-    float* __restrict__ y, ConvGeom g) {
+    float* __restrict__ y, ConvGeom g, Epi epi) {
   using Tiles = ConvTiles<kTN, I, kT>;
   __shared__ __align__(16) float As[2][CBK][CBM + CPAD];
   __shared__ __align__(16) float Bs[2][CBK][Tiles::BN + CPAD];
@@ -399,7 +409,7 @@ __global__ void __launch_bounds__(256, sizeof(I) == 4 ? 2 : 1) stitch_conv_igemm
 #pragma unroll
     for (int j = 0; j < kTN; ++j) {
       const I n = t.n0 + (j < 4 ? ty * 4 + j : 64 + ty * 4 + j - 4);
-      if (n < t.cog) t.put(y, bias, row, n, acc[i][j]);
+      if (n < t.cog) t.put(y, bias, row, n, acc[i][j], epi);
     }
   }
 }
@@ -407,10 +417,10 @@ __global__ void __launch_bounds__(256, sizeof(I) == 4 ? 2 : 1) stitch_conv_igemm
 // Tensor cores in float32 accuracy (3xTF32, sm_80 and later; tf32_split): each warp computes a
 // (kTN == 8 ? 64 : 32) x 32 block of the tile as 16 x 16 fragments; the accumulators go out through a
 // per-warp 16 x 16 stage in shared memory so a half-warp stores 16 consecutive output positions.
-template <int kTN, typename I, bool kT>
+template <int kTN, typename I, bool kT, typename Epi>
 __global__ void __launch_bounds__(256) stitch_conv_tc_kernel(
     const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
-    float* __restrict__ y, ConvGeom g) {
+    float* __restrict__ y, ConvGeom g, Epi epi) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   namespace wmma = nvcuda::wmma;
   using Tiles = ConvTiles<kTN, I, kT>;
@@ -453,7 +463,7 @@ __global__ void __launch_bounds__(256) stitch_conv_tc_kernel(
 #pragma unroll
         for (int c = lane >> 4; c < 16; c += 2) {
           const I n = t.n0 + wn + 16 * j + c;
-          if (n < t.cog) t.put(y, bias, row, n, stage[c * 16 + r]);
+          if (n < t.cog) t.put(y, bias, row, n, stage[c * 16 + r], epi);
         }
       }
       __syncwarp();
@@ -463,40 +473,41 @@ __global__ void __launch_bounds__(256) stitch_conv_tc_kernel(
 }
 
 // Tensor cores (3xTF32) from compute capability 8.0, the SIMT kernel before.
-template <int kTN, typename I, bool kT>
+template <int kTN, typename I, bool kT, typename Epi>
 static void stitch_conv_igemm_run(const float* x, const float* w, const float* bias, float* y,
-                                  const ConvGeom& g, const dim3& grid, bool tensor_cores) {
+                                  const ConvGeom& g, const dim3& grid, bool tensor_cores, const Epi& epi) {
   cudaStream_t stream = stitch::current_stream();
   if (tensor_cores)
-    stitch_conv_tc_kernel<kTN, I, kT><<<grid, 256, 0, stream>>>(x, w, bias, y, g);
+    stitch_conv_tc_kernel<kTN, I, kT, Epi><<<grid, 256, 0, stream>>>(x, w, bias, y, g, epi);
   else
-    stitch_conv_igemm_kernel<kTN, I, kT><<<grid, 256, 0, stream>>>(x, w, bias, y, g);
+    stitch_conv_igemm_kernel<kTN, I, kT, Epi><<<grid, 256, 0, stream>>>(x, w, bias, y, g, epi);
   STITCH_LAUNCH_CHECK();
 }
 
-template <bool kT>
+template <bool kT, typename Epi>
 static void stitch_conv_igemm_pick(const float* x, const float* w, const float* bias, float* y,
-                                   const ConvGeom& g, const dim3& grid, int tn, bool narrow) {
+                                   const ConvGeom& g, const dim3& grid, int tn, bool narrow, const Epi& epi) {
   const bool tc = stitch_tensor_cores();
   if (tn == 8 && narrow)
-    stitch_conv_igemm_run<8, int32_t, kT>(x, w, bias, y, g, grid, tc);
+    stitch_conv_igemm_run<8, int32_t, kT>(x, w, bias, y, g, grid, tc, epi);
   else if (tn == 8)
-    stitch_conv_igemm_run<8, int64_t, kT>(x, w, bias, y, g, grid, tc);
+    stitch_conv_igemm_run<8, int64_t, kT>(x, w, bias, y, g, grid, tc, epi);
   else if (narrow)
-    stitch_conv_igemm_run<4, int32_t, kT>(x, w, bias, y, g, grid, tc);
+    stitch_conv_igemm_run<4, int32_t, kT>(x, w, bias, y, g, grid, tc, epi);
   else
-    stitch_conv_igemm_run<4, int64_t, kT>(x, w, bias, y, g, grid, tc);
+    stitch_conv_igemm_run<4, int64_t, kT>(x, w, bias, y, g, grid, tc, epi);
 }
 
 // The implicit GEMM where a group's output channels and its K fill a tile's width and depth (a narrow or
 // depthwise convolution keeps the direct kernel).
+template <bool kT, typename Epi>
 static bool stitch_conv_igemm(const float* x, const float* w, const float* bias, float* y, const ConvGeom& g,
-                              bool transposed) {
+                              const Epi& epi) {
   const int64_t cog = g.co / g.groups, K = g.c / g.groups * g.k[0] * g.k[1] * g.k[2];
   const int64_t M = g.n * g.out[0] * g.out[1] * g.out[2];
   if (cog < 16 || K < 16 || M == 0) return false;
   const int tn = cog >= 96 ? 8 : 4;
-  const ConvGrid grid = conv_igemm_grid(g, transposed, tn);
+  const ConvGrid grid = conv_igemm_grid(g, kT, tn);
   if (grid.m > 0x7fffffff || grid.n > 65535 || grid.z > 65535) return false;
   const dim3 blocks(static_cast<unsigned>(grid.m), static_cast<unsigned>(grid.n),
                     static_cast<unsigned>(grid.z));
@@ -504,33 +515,54 @@ static bool stitch_conv_igemm(const float* x, const float* w, const float* bias,
   const int64_t limit = int64_t{1} << 31;
   const bool narrow = g.n * g.c * g.in[0] * g.in[1] * g.in[2] < limit && M * g.co < limit &&
                       g.co * K < limit;
-  if (transposed)
-    stitch_conv_igemm_pick<true>(x, w, bias, y, g, blocks, tn, narrow);
-  else
-    stitch_conv_igemm_pick<false>(x, w, bias, y, g, blocks, tn, narrow);
+  stitch_conv_igemm_pick<kT>(x, w, bias, y, g, blocks, tn, narrow, epi);
   return true;
 }
 
-static void stitch_conv_launch(const float* x, const float* w, const float* bias, float* y,
-                               const int64_t* geom, bool transposed) {
+// One convolution (kT: transposed) with its epilogue: the implicit GEMM where it applies, the direct kernel
+// otherwise. Each epilogue instantiates the kernels once more, so a program builds only those it launches.
+template <bool kT, typename Epi>
+static void stitch_conv_with(const float* x, const float* w, const float* bias, float* y, const int64_t* geom,
+                             const Epi& epi) {
   const ConvGeom g = conv_geom(geom);
-  if (stitch_conv_igemm(x, w, bias, y, g, transposed)) return;
+  if (stitch_conv_igemm<kT>(x, w, bias, y, g, epi)) return;
   // Four output channels a thread where a group's channels split evenly (always, for the usual widths).
-  const bool blocked = (g.co / g.groups) % 4 == 0;
-  if (transposed)
-    blocked ? stitch_conv_run<true, 4>(x, w, bias, y, g) : stitch_conv_run<true, 1>(x, w, bias, y, g);
+  if ((g.co / g.groups) % 4 == 0)
+    stitch_conv_run<kT, 4>(x, w, bias, y, g, epi);
   else
-    blocked ? stitch_conv_run<false, 4>(x, w, bias, y, g) : stitch_conv_run<false, 1>(x, w, bias, y, g);
+    stitch_conv_run<kT, 1>(x, w, bias, y, g, epi);
 }
 """.replace("__WEIGHT__", _WEIGHT)
 
-HOST = r"""
+# The plain convolution's launcher (no epilogue): only in programs that launch a convolution of their own.
+CUDA_PLAIN = r"""
+static void stitch_conv_launch(const float* x, const float* w, const float* bias, float* y,
+                               const int64_t* geom, bool transposed) {
+  if (transposed)
+    stitch_conv_with<true>(x, w, bias, y, geom, StitchNoEpi{});
+  else
+    stitch_conv_with<false>(x, w, bias, y, geom, StitchNoEpi{});
+}
+"""
+
+HOST_PREPARE = r"""
+// One convolution ready to launch: its contiguous operands, its geometry and its output, allocated and not
+// yet written (`out`: y, without the batch dim where the input had none).
+struct StitchConv {
+  at::Tensor x, w, bias, y, out;
+  int64_t geom[22];
+  bool transposed;
+  const float* bias_ptr() const { return bias.defined() ? bias.data_ptr<float>() : nullptr; }
+};
+
 // Convolution (or, transposed, its adjoint) over 1-3 spatial dims of a [N,] C, spatial... input: zero padding
 // pad_lo before and pad_hi after each dim, output_padding extending a transposed output at its end.
-at::Tensor stitch_conv(const at::Tensor& x0, const at::Tensor& w0, const c10::optional<at::Tensor>& bias,
-                       const std::vector<int64_t>& stride, const std::vector<int64_t>& pad_lo,
-                       const std::vector<int64_t>& pad_hi, const std::vector<int64_t>& dil,
-                       const std::vector<int64_t>& out_pad, int64_t groups, bool transposed) {
+StitchConv stitch_conv_prepare(const at::Tensor& x0, const at::Tensor& w0,
+                               const c10::optional<at::Tensor>& bias, const std::vector<int64_t>& stride,
+                               const std::vector<int64_t>& pad_lo,
+                               const std::vector<int64_t>& pad_hi, const std::vector<int64_t>& dil,
+                               const std::vector<int64_t>& out_pad, int64_t groups, bool transposed) {
+  StitchConv c;
   const int64_t nd = w0.dim() - 2;
   const bool batched = x0.dim() == nd + 2;
   const at::Tensor x = (batched ? x0 : x0.unsqueeze(0)).contiguous();
@@ -539,7 +571,11 @@ at::Tensor stitch_conv(const at::Tensor& x0, const at::Tensor& w0, const c10::op
   TORCH_CHECK(x.dim() == nd + 2 && x.size(1) == (transposed ? w.size(0) : w.size(1) * groups),
               "conv: input channels do not match the weight");
   TORCH_CHECK(co % groups == 0 && x.size(1) % groups == 0, "conv: channels not divisible by groups");
-  int64_t geom[22] = {x.size(0), x.size(1), co, groups};
+  int64_t* geom = c.geom;
+  geom[0] = x.size(0);
+  geom[1] = x.size(1);
+  geom[2] = co;
+  geom[3] = groups;
   std::vector<int64_t> out_sizes = {x.size(0), co};
   for (int64_t j = 0; j < 3; ++j) {
     const int64_t d = j - (3 - nd);  // the problem's spatial dim; negative for a padded one
@@ -554,16 +590,29 @@ at::Tensor stitch_conv(const at::Tensor& x0, const at::Tensor& w0, const c10::op
     for (int f = 0; f < 6; ++f) geom[4 + 3 * f + j] = fields[f];
     if (d >= 0) out_sizes.push_back(out);
   }
-  at::Tensor y = at::empty(out_sizes, x.options());
-  at::Tensor bias_c;
-  const float* bptr = nullptr;
+  c.y = at::empty(out_sizes, x.options());
+  c.out = batched ? c.y : c.y.squeeze(0);
   if (bias.has_value()) {
-    bias_c = bias->contiguous();
-    TORCH_CHECK(bias_c.numel() == co, "conv: bias must have one element per output channel");
-    bptr = bias_c.data_ptr<float>();
+    c.bias = bias->contiguous();
+    TORCH_CHECK(c.bias.numel() == co, "conv: bias must have one element per output channel");
   }
-  stitch_conv_launch(x.data_ptr<float>(), w.data_ptr<float>(), bptr, y.data_ptr<float>(), geom, transposed);
-  return batched ? y : y.squeeze(0);
+  c.x = x;
+  c.w = w;
+  c.transposed = transposed;
+  return c;
+}
+"""
+
+HOST_PLAIN = r"""
+at::Tensor stitch_conv(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                       const std::vector<int64_t>& stride, const std::vector<int64_t>& pad_lo,
+                       const std::vector<int64_t>& pad_hi, const std::vector<int64_t>& dil,
+                       const std::vector<int64_t>& out_pad, int64_t groups, bool transposed) {
+  const StitchConv c =
+      stitch_conv_prepare(x, w, bias, stride, pad_lo, pad_hi, dil, out_pad, groups, transposed);
+  stitch_conv_launch(c.x.data_ptr<float>(), c.w.data_ptr<float>(), c.bias_ptr(), c.y.data_ptr<float>(),
+                     c.geom, c.transposed);
+  return c.out;
 }
 """
 
@@ -576,5 +625,16 @@ def same_padding(padding: str, kernel: tuple[int, ...], dilation: list[int]) -> 
     return [t // 2 for t in total], [t - t // 2 for t in total]
 
 
-def device_source(backend: str) -> str:
-    return COMMON + (CUDA if backend == "cuda" else CPU)
+HOST = HOST_PREPARE + HOST_PLAIN
+
+
+def device_source(backend: str, *, plain: bool = True) -> str:
+    """The kernels; `plain`: with the launcher of a convolution without epilogue (always on the CPU)."""
+    if backend != "cuda":
+        return COMMON + CPU
+    return COMMON + CUDA + (CUDA_PLAIN if plain else "")
+
+
+def host_source(backend: str, *, plain: bool = True) -> str:
+    """The host wrappers: the preparation of a launch, and `plain`: stitch_conv, launched without epilogue."""
+    return HOST_PREPARE + (HOST_PLAIN if plain or backend != "cuda" else "")

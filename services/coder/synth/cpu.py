@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,7 @@ from stitchcuda.coder.synth.codegen import (
     local_var,
     tensor_var,
 )
-from stitchcuda.coder.synth.fusion import Program
+from stitchcuda.coder.synth.fusion import Kernel, Program
 from stitchcuda.coder.synth.ir import Unsupported
 from stitchcuda.coder.synth.runtime import BINDING_FILE, HEADER_NAME, binding_source, operator_includes
 from stitchcuda.coder.synth.variants import Variant
@@ -511,11 +512,50 @@ def launch_lines(info: KernelInfo, host: Host, *, backend: str, entry: str) -> l
         extra += [f"SI_{k.name}[{rank_in - nd + i}]" for i in range(nd)]
         extra += [f"{dom}[{rank_in - nd + i}]" for i in range(nd)]
     args = [*ptrs, out_ptr, desc, *extra, *scalars]
+    if k.epilogue_of is not None:
+        return library_epilogue_lines(k, host, lines, entry, args)
     if backend == "cpu":
         lines.append(f"{entry}({', '.join(args)});")
     else:
         lines.append(f"{entry}_launch({', '.join(args)});")
     return lines
+
+
+# The own kernels an epilogue can be fused into: host call -> its preparation (a struct with the operands, the
+# geometry and the output allocated; convolution.HOST_PREPARE, libops.CUSTOM_WRAPPERS).
+PREPARED = {
+    "stitch_conv(": ("StitchConv", "stitch_conv_prepare("),
+    "stitch_linear(": ("StitchGemm", "stitch_linear_prepare("),
+}
+
+
+def library_epilogue_lines(k: Kernel, host: Host, lines: list[str], entry: str, args: list[str]) -> list[str]:
+    """A pointwise kernel fused into the store of the GEMM or convolution it reads
+    (fusion.fuse_library_epilogues): that op is prepared here (operands, geometry, its output allocated), the
+    kernel's lines read the output through the prepared call, and one launch runs the op with the kernel as
+    its epilogue."""
+    op = k.epilogue_of
+    assert op is not None
+    expr = host.lib_expr(op)
+    head = expr[: expr.index("(") + 1]
+    if head not in PREPARED:
+        raise Unsupported(f"{op.origin}: an epilogue fused into {head[:-1]}")
+    struct, prepare = PREPARED[head]
+    call = f"LP_{k.name}"
+    raw = re.compile(rf"\b{re.escape(tensor_var(op.out))}\b")
+    body = [raw.sub(f"{call}.out", line) for line in lines]
+    lib_args = [
+        f"{call}.x.data_ptr<float>()",
+        f"{call}.w.data_ptr<float>()",
+        f"{call}.bias_ptr()",
+        f"{call}.geom",
+    ]
+    return [
+        body[0],
+        f"{struct} {call} = {prepare}{expr[len(head) :]};",
+        *body[1:],
+        f"{entry}_epilogue_launch({', '.join(lib_args + args)});",
+    ]
 
 
 def emit(program: Program, variant: Variant, ext_name: str) -> tuple[dict[str, str], list[str], list[str]]:

@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from stitchcuda.coder.synth import libops, rnn
+from stitchcuda.coder.synth import convolution, libops, rnn
 from stitchcuda.coder.synth.codegen import (
     CTYPE,
     Host,
@@ -28,7 +28,7 @@ from stitchcuda.coder.synth.cpu import indent, launch_lines
 from stitchcuda.coder.synth.cuda_columns import column_kernel
 from stitchcuda.coder.synth.cuda_levels import BLOCK_GROUP, split_levels
 from stitchcuda.coder.synth.cuda_patterns import moments_finish, moments_pair, online_softmax_pair
-from stitchcuda.coder.synth.fusion import Program
+from stitchcuda.coder.synth.fusion import Program, fuse_library_epilogues
 from stitchcuda.coder.synth.ir import Attr, Ref, Unsupported
 from stitchcuda.coder.synth.runtime import (
     BINDING_FILE,
@@ -966,9 +966,84 @@ class CudaKernels:
         ]
         return "\n".join([*kernel, "", *launcher])
 
+    # ---- a pointwise kernel as the epilogue of a GEMM's or convolution's store -------------------------
+    def library_epilogue(self, info: KernelInfo) -> str:
+        """The kernel's expression as a functor the own GEMM or convolution kernels apply to each output
+        element in their store (`epi(v, i)`: v the element, bias included, i its flat index; libops,
+        convolution.py), and a launcher running that op with it. Its output is read as v, never loaded."""
+        k = info.kernel
+        lib = k.epilogue_of
+        assert lib is not None
+        index = {o.id: i for i, o in enumerate(info.operands)}
+        general = info.general
+
+        def load(ident: str) -> str:
+            if ident == lib.out:
+                return "v"
+            i = index[ident]
+            acc = info.operands[i].access
+            if acc == "scalar":
+                return f"in{i}[0]"
+            if acc == "contig":
+                return f"in{i}[i]"
+            return f"in{i}[b{i} + c * cs{i}]"
+
+        scope = Scope(self.g, info.ops, self.scalar_fn(info), load)
+        value = scope.need(k.root)
+        row = (
+            [
+                "const I r = i / static_cast<I>(cols);",
+                "const I c = i - r * static_cast<I>(cols);",
+                *(f"const int64_t b{i} = stitch::row_off<I>(D.d[{self.slot(info, i)}], r);" for i in general),
+                *(
+                    f"const int64_t cs{i} = D.d[{self.slot(info, i)}].nc ? "
+                    f"D.d[{self.slot(info, i)}].cstr[0] : 0;"
+                    for i in general
+                ),
+            ]
+            if general
+            else []
+        )
+        fields = [f"const {CTYPE[self.g.values[o.id].dtype]}* in{i};" for i, o in enumerate(info.operands)]
+        fields += [f"{k.name}_descs D;", "int64_t cols;", *(f"float s{i};" for i in range(len(info.scalars)))]
+        functor = [
+            *self.desc_struct(info),
+            "",
+            f"// {k.name}: the epilogue of {lib.origin or lib.fn}'s store, over {', '.join(k.origins)}",
+            f"struct {k.name}_epi {{",
+            *indent(fields, 2),
+            "  template <typename I>",
+            "  __device__ __forceinline__ float operator()(float v, I i) const {",
+            *indent([*row, *scope.lines, f"return {value};"], 4),
+            "  }",
+            "};",
+        ]
+        params = self.launcher_params(info, ["int64_t n", "int64_t cols"])
+        lib_params = ["const float* lx", "const float* lw", "const float* lb", "const int64_t* geom"]
+        if lib.fn in convolution.CONV_FNS:
+            run = f"stitch_conv_with<{str(lib.fn.startswith('conv_transpose')).lower()}>"
+        else:
+            run = "stitch_gemm_with"
+        setup = [f"e.in{i} = in{i};" for i in range(len(info.operands))]
+        setup += [f"e.s{i} = s{i};" for i in range(len(info.scalars))]
+        launcher = [
+            f"static void {k.name}_epilogue_launch(",
+            "    " + ",\n    ".join([*lib_params, *params]) + ") {",
+            f"  {k.name}_epi e{{}};",
+            *indent(setup, 2),
+            f"  for (int j = 0; j < {len(general)}; ++j) e.D.d[j] = descs[j];",
+            "  e.cols = cols;",
+            "  (void)n;",
+            f"  {run}(lx, lw, lb, out, geom, e);",
+            "}",
+        ]
+        return "\n".join([*functor, "", *launcher])
+
     def launch(self, info: KernelInfo, host: Host) -> list[str]:
         k = info.kernel
-        if k.kind == "pointwise":
+        if k.epilogue_of is not None:
+            source = self.library_epilogue(info)
+        elif k.kind == "pointwise":
             source = self.pointwise(info)
         elif k.kind == "row":
             source = self.row(info)
@@ -1068,6 +1143,8 @@ def emit(
     built by the host compiler with per-operator headers) and binding.cpp (the Python binding, glue
     compiled at -O1), where one .cu with torch/extension.h took nvcc a minute.
     """
+    if variant.gemm == "custom" and variant.epilogue == "fused":
+        fuse_library_epilogues(program, convolution.CONV_FNS | {"linear"})
     kernels = CudaKernels(program, variant)
     host = Host(program, "cuda", kernels.launch, custom_library=variant.gemm == "custom")
     body = host.body()
@@ -1077,8 +1154,9 @@ def emit(
         part
         for part in [
             DEVICE_HELPERS,
-            "\n\n".join(kernels.bodies.functions),
+            # The library kernels first: a fused epilogue's launcher calls the convolution's.
             libops.device_source(host.helpers, "cuda"),
+            "\n\n".join(kernels.bodies.functions),
             rnn.cuda_device() if "lstm" in host.helpers else "",
         ]
         if part.strip()

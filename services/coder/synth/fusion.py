@@ -70,6 +70,9 @@ class Kernel:
     inplace: str = ""
     # Fx node names of the reference this kernel covers.
     origins: list[str] = field(default_factory=list)
+    # A pointwise kernel over an own GEMM's or convolution's output (CUDA): that op, launched here with this
+    # kernel as its store's epilogue (fuse_library_epilogues).
+    epilogue_of: Op | None = None
 
 
 @dataclass
@@ -104,11 +107,13 @@ def prepare(graph: Graph, variant: Variant) -> Graph:
         split_linear = (
             op.kind == LIB and op.fn == "linear" and op.attrs.get("bias") and variant.gemm_bias == "epilogue"
         )
+        # The own convolution kernels add the bias in their store, for free (variant gemm=custom).
         split_conv = (
             op.kind == LIB
             and op.fn.startswith("conv")
             and op.attrs.get("bias")
             and variant.conv_bias == "epilogue"
+            and variant.gemm != "custom"
         )
         if split_linear or split_conv:
             out_value = graph.values[op.out]
@@ -541,4 +546,49 @@ def _check_inplace(steps: list[Step], graph: Graph) -> None:
                 break
 
 
-__all__ = ["Const", "Kernel", "Operand", "Program", "Step", "schedule"]
+def _reads(step: Step) -> list[str]:
+    if step.kernel is not None:
+        return [o.id for o in step.kernel.operands]
+    return step.op.refs() if step.op is not None else []
+
+
+def fuse_library_epilogues(program: Program, fns: frozenset[str]) -> int:
+    """Moves each own GEMM or convolution (an op of `fns`) whose output only a pointwise kernel written in
+    place over it reads into that kernel's step, as the kernel's epilogue: the library kernel's store computes
+    the pointwise kernel's expression, so its output is written once and never read back. Returns how many
+    were fused.
+
+    The kernel must read the output element for element (a contiguous operand) and be its only reader; no
+    step between the two may write into an existing buffer (an in-place kernel, a state update), since the
+    GEMM or convolution now reads its operands at the later step.
+    """
+    graph, steps = program.graph, program.steps
+    fused = 0
+    for i, step in enumerate(steps):
+        op = step.op
+        if op is None or op.kind != LIB or op.fn not in fns or graph.values[op.out].dtype != "float32":
+            continue
+        if op.out in graph.outputs or op.out in graph.writebacks.values():
+            continue
+        readers = [j for j in range(i + 1, len(steps)) if op.out in _reads(steps[j])]
+        if len(readers) != 1:
+            continue
+        k = steps[readers[0]].kernel
+        if k is None or k.kind != "pointwise" or k.inplace != op.out or k.epilogue_of is not None:
+            continue
+        if graph.values[k.root].dtype != "float32":
+            continue
+        if any(o.id == op.out and (o.access != "contig" or o.domain != "main") for o in k.operands):
+            continue
+        between = steps[i + 1 : readers[0]]
+        if any(
+            s.kernel is not None and (s.kernel.inplace or s.kernel.root in graph.writebacks) for s in between
+        ):
+            continue
+        k.epilogue_of = op
+        steps[i] = Step()
+        fused += 1
+    return fused
+
+
+__all__ = ["Const", "Kernel", "Operand", "Program", "Step", "fuse_library_epilogues", "schedule"]

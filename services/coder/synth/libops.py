@@ -27,23 +27,39 @@ at::Tensor stitch_linear(const at::Tensor& x, const at::Tensor& w, const c10::op
 
 # ---- custom GEMM / conv: shared host wrappers --------------------------------------------------------------
 CUSTOM_WRAPPERS = r"""
-// C[b] = A[b] @ B[b] (+ bias) for strided [batch, M, K] and [batch, K, N] views.
-// C is contiguous.
-at::Tensor stitch_bgemm(const at::Tensor& A, const at::Tensor& B, const c10::optional<at::Tensor>& bias) {
+// One GEMM ready to launch: C[b] = A[b] @ B[b] (+ bias) for strided [batch, M, K] and [batch, K, N] views,
+// C contiguous, allocated and not yet written; `out` is C in the caller's shape. geom: batch, M, N, K and
+// the strides of A and B (stitch_gemm_launch's dims).
+struct StitchGemm {
+  at::Tensor x, w, bias, y, out;
+  int64_t geom[10];
+  const float* bias_ptr() const { return bias.defined() ? bias.data_ptr<float>() : nullptr; }
+};
+
+StitchGemm stitch_bgemm_prepare(const at::Tensor& A, const at::Tensor& B,
+                                const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(A.dim() == 3 && B.dim() == 3, "gemm operands must be 3-D");
   TORCH_CHECK(A.size(0) == B.size(0) && A.size(2) == B.size(1), "gemm shapes");
-  const int64_t batch = A.size(0), M = A.size(1), K = A.size(2), N = B.size(2);
-  at::Tensor C = at::empty({batch, M, N}, A.options());
-  const float* bptr = nullptr;
-  at::Tensor bias_c;
+  StitchGemm g;
+  const int64_t dims[10] = {A.size(0), A.size(1), B.size(2), A.size(2), A.stride(0), A.stride(1),
+                            A.stride(2), B.stride(0), B.stride(1), B.stride(2)};
+  std::copy(dims, dims + 10, g.geom);
+  g.y = at::empty({A.size(0), A.size(1), B.size(2)}, A.options());
+  g.out = g.y;
   if (bias.has_value()) {
-    bias_c = bias->contiguous();
-    TORCH_CHECK(bias_c.numel() == N, "gemm bias must have N elements");
-    bptr = bias_c.data_ptr<float>();
+    g.bias = bias->contiguous();
+    TORCH_CHECK(g.bias.numel() == B.size(2), "gemm bias must have N elements");
   }
-  stitch_gemm_launch(A.data_ptr<float>(), B.data_ptr<float>(), bptr, C.data_ptr<float>(), batch, M, N, K,
-                     A.stride(0), A.stride(1), A.stride(2), B.stride(0), B.stride(1), B.stride(2));
-  return C;
+  g.x = A;
+  g.w = B;
+  return g;
+}
+
+at::Tensor stitch_bgemm(const at::Tensor& A, const at::Tensor& B, const c10::optional<at::Tensor>& bias) {
+  const StitchGemm g = stitch_bgemm_prepare(A, B, bias);
+  stitch_gemm_launch(g.x.data_ptr<float>(), g.w.data_ptr<float>(), g.bias_ptr(), g.y.data_ptr<float>(),
+                     g.geom);
+  return g.y;
 }
 
 at::Tensor stitch_mm(const at::Tensor& a, const at::Tensor& b) {
@@ -75,20 +91,32 @@ at::Tensor stitch_matmul(const at::Tensor& a0, const at::Tensor& b0) {
   return C.view(out);
 }
 
-at::Tensor stitch_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
+// nn.Linear: x [..., K] @ w[N, K]^T (+ b), as one GEMM over the flattened leading dims.
+StitchGemm stitch_linear_prepare(const at::Tensor& x, const at::Tensor& w,
+                                 const c10::optional<at::Tensor>& b) {
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = w.size(0);
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-  return stitch_bgemm(x2.unsqueeze(0), w.t().unsqueeze(0), b).view(sizes);
+  StitchGemm g = stitch_bgemm_prepare(x2.unsqueeze(0), w.t().unsqueeze(0), b);
+  g.out = g.y.view(sizes);
+  return g;
+}
+
+at::Tensor stitch_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
+  const StitchGemm g = stitch_linear_prepare(x, w, b);
+  stitch_gemm_launch(g.x.data_ptr<float>(), g.w.data_ptr<float>(), g.bias_ptr(), g.y.data_ptr<float>(),
+                     g.geom);
+  return g.out;
 }
 """
 
 CPU_KERNELS = r"""
 // Custom GEMM (CPU): one task per output row; rows of B contiguous -> axpy form, else dot products.
+// dims: batch, M, N, K, then the strides sAb, sAm, sAk, sBb, sBk, sBn.
 static void stitch_gemm_launch(const float* A, const float* B, const float* bias, float* C,
-    int64_t batch, int64_t M,
-                               int64_t N, int64_t K, int64_t sAb, int64_t sAm, int64_t sAk, int64_t sBb,
-                               int64_t sBk, int64_t sBn) {
+                               const int64_t* dims) {
+  const int64_t batch = dims[0], M = dims[1], N = dims[2], K = dims[3], sAb = dims[4], sAm = dims[5],
+                sAk = dims[6], sBb = dims[7], sBk = dims[8], sBn = dims[9];
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(N * K, 1));
   at::parallel_for(0, batch * M, grain, [&](int64_t r0, int64_t r1) {
     std::vector<double> acc(static_cast<size_t>(N));
@@ -123,11 +151,12 @@ CUDA_KERNELS = r"""
 // Custom SGEMM (CUDA): 64x64 block tiles over K in steps of 16, shared-memory staging that follows the
 // operands' contiguous dimension, a 4x4 register tile per thread, the bias added in the store.
 constexpr int GBM = 64, GBN = 64, GBK = 16;
+template <typename Epi>
 __global__ void __launch_bounds__(256) stitch_gemm_kernel(
     const float* __restrict__ A, const float* __restrict__ B, const float* __restrict__ bias,
         float* __restrict__ C,
     int64_t M, int64_t N, int64_t K, int64_t sAb, int64_t sAm, int64_t sAk, int64_t sBb, int64_t sBk,
-        int64_t sBn) {
+        int64_t sBn, Epi epi) {
   __shared__ __align__(16) float As[GBK][GBM + 4];
   __shared__ __align__(16) float Bs[GBK][GBN + 4];
   const int tid = threadIdx.x;
@@ -163,15 +192,15 @@ __global__ void __launch_bounds__(256) stitch_gemm_kernel(
     }
     __syncthreads();
   }
-  float* Cb = C + static_cast<int64_t>(blockIdx.z) * M * N;
+  const int64_t cb = static_cast<int64_t>(blockIdx.z) * M * N;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int64_t gm = m0 + ty * 4 + i;
     if (gm >= M) continue;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int64_t gn = n0 + tx * 4 + j;
-      if (gn < N) Cb[gm * N + gn] = acc[i][j] + (bias != nullptr ? bias[gn] : 0.f);
+      const int64_t gn = n0 + tx * 4 + j, at = cb + gm * N + gn;
+      if (gn < N) C[at] = epi(acc[i][j] + (bias != nullptr ? bias[gn] : 0.f), at);
     }
   }
 }
@@ -231,10 +260,10 @@ struct GemmTiles {
 
 // SIMT: 8x8 outputs a thread, summed in float in K order; lanes take consecutive output columns, so stores
 // are coalesced.
-template <typename I>
+template <typename I, typename Epi>
 __global__ void __launch_bounds__(256, sizeof(I) == 4 ? 2 : 1) stitch_gemm_big_kernel(
     const float* __restrict__ A, const float* __restrict__ B, const float* __restrict__ bias,
-    float* __restrict__ C, I M, I N, I K, I sAb, I sAm, I sAk, I sBb, I sBk, I sBn) {
+    float* __restrict__ C, I M, I N, I K, I sAb, I sAm, I sAk, I sBb, I sBk, I sBn, Epi epi) {
   __shared__ __align__(16) float As[2][HBK][HBM + 4];
   __shared__ __align__(16) float Bs[2][HBK][HBN + 4];
   const int tid = threadIdx.x;
@@ -265,15 +294,15 @@ __global__ void __launch_bounds__(256, sizeof(I) == 4 ? 2 : 1) stitch_gemm_big_k
     __syncthreads();
     buf ^= 1;
   }
-  float* Cb = C + static_cast<int64_t>(blockIdx.z) * M * N;
+  const I cb = static_cast<I>(blockIdx.z) * M * N;  // C's flat index of this batch's first element
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const I gm = t.m0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4);
     if (gm >= M) continue;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const I gn = t.n0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + j - 4);
-      if (gn < N) Cb[gm * N + gn] = acc[i][j] + (bias != nullptr ? __ldg(bias + gn) : 0.f);
+      const I gn = t.n0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + j - 4), at = cb + gm * N + gn;
+      if (gn < N) C[at] = epi(acc[i][j] + (bias != nullptr ? __ldg(bias + gn) : 0.f), at);
     }
   }
 }
@@ -283,10 +312,10 @@ __global__ void __launch_bounds__(256, sizeof(I) == 4 ? 2 : 1) stitch_gemm_big_k
 // The accumulators go out through a per-warp 16 x 16 stage in shared memory, row-major, so a half-warp
 // stores 16 consecutive columns.
 constexpr int HPAD = 8;
-template <typename I>
+template <typename I, typename Epi>
 __global__ void __launch_bounds__(256) stitch_gemm_tc_kernel(
     const float* __restrict__ A, const float* __restrict__ B, const float* __restrict__ bias,
-    float* __restrict__ C, I M, I N, I K, I sAb, I sAm, I sAk, I sBb, I sBk, I sBn) {
+    float* __restrict__ C, I M, I N, I K, I sAb, I sAm, I sAk, I sBb, I sBk, I sBn, Epi epi) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   namespace wmma = nvcuda::wmma;
   constexpr int WM = 64, FM = WM / 16, FN = 2, WARPS_M = HBM / WM;
@@ -312,7 +341,7 @@ __global__ void __launch_bounds__(256) stitch_gemm_tc_kernel(
     __syncthreads();
     buf ^= 1;
   }
-  float* Cb = C + static_cast<int64_t>(blockIdx.z) * M * N;
+  const I cb = static_cast<I>(blockIdx.z) * M * N;  // C's flat index of this batch's first element
   float* stage = &As[0][0][0] + warp * 256;  // the A tiles are free now (the loop ended on a barrier)
   const int c = lane & 15;
 #pragma unroll
@@ -327,7 +356,7 @@ __global__ void __launch_bounds__(256) stitch_gemm_tc_kernel(
 #pragma unroll
         for (int r = lane >> 4; r < 16; r += 2) {
           const I gm = t.m0 + wm + 16 * i + r;
-          if (gm < M) Cb[gm * N + gn] = stage[r * 16 + c] + b;
+          if (gm < M) C[cb + gm * N + gn] = epi(stage[r * 16 + c] + b, cb + gm * N + gn);
         }
       }
       __syncwarp();
@@ -337,23 +366,25 @@ __global__ void __launch_bounds__(256) stitch_gemm_tc_kernel(
 }
 
 // Tensor cores (3xTF32) from compute capability 8.0, the SIMT kernel before.
-template <typename I>
+template <typename I, typename Epi>
 static void stitch_gemm_big_run(const dim3& grid, cudaStream_t stream, const float* A, const float* B,
                                 const float* bias, float* C, int64_t M, int64_t N, int64_t K, int64_t sAb,
-                                int64_t sAm, int64_t sAk, int64_t sBb, int64_t sBk, int64_t sBn) {
+                                int64_t sAm, int64_t sAk, int64_t sBb, int64_t sBk, int64_t sBn,
+                                const Epi& epi) {
   auto i = [](int64_t v) { return static_cast<I>(v); };
   if (stitch_tensor_cores())
-    stitch_gemm_tc_kernel<I><<<grid, 256, 0, stream>>>(A, B, bias, C, i(M), i(N), i(K), i(sAb), i(sAm),
-                                                       i(sAk), i(sBb), i(sBk), i(sBn));
+    stitch_gemm_tc_kernel<I, Epi><<<grid, 256, 0, stream>>>(A, B, bias, C, i(M), i(N), i(K), i(sAb), i(sAm),
+                                                            i(sAk), i(sBb), i(sBk), i(sBn), epi);
   else
-    stitch_gemm_big_kernel<I><<<grid, 256, 0, stream>>>(A, B, bias, C, i(M), i(N), i(K), i(sAb), i(sAm),
-                                                        i(sAk), i(sBb), i(sBk), i(sBn));
+    stitch_gemm_big_kernel<I, Epi><<<grid, 256, 0, stream>>>(A, B, bias, C, i(M), i(N), i(K), i(sAb), i(sAm),
+                                                             i(sAk), i(sBb), i(sBk), i(sBn), epi);
 }
 
 // The large tiles where they fill the device at two blocks an SM; the 64x64 kernel otherwise.
+template <typename Epi>
 static bool stitch_gemm_big(const float* A, const float* B, const float* bias, float* C, int64_t batch,
                             int64_t M, int64_t N, int64_t K, int64_t sAb, int64_t sAm, int64_t sAk,
-                            int64_t sBb, int64_t sBk, int64_t sBn) {
+                            int64_t sBb, int64_t sBk, int64_t sBn, const Epi& epi) {
   const int64_t tiles_m = (M + HBM - 1) / HBM, tiles_n = (N + HBN - 1) / HBN;
   if (tiles_m * tiles_n * batch < 2 * sm_count() || tiles_m > 65535) return false;
   const dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m),
@@ -366,26 +397,33 @@ static bool stitch_gemm_big(const float* A, const float* B, const float* bias, f
   const int64_t limit = int64_t{1} << 31;
   if (span(batch, sAb, M, sAm, K, sAk) < limit && span(batch, sBb, K, sBk, N, sBn) < limit &&
       batch * M * N < limit)
-    stitch_gemm_big_run<int32_t>(grid, stream, A, B, bias, C, M, N, K, sAb, sAm, sAk, sBb, sBk, sBn);
+    stitch_gemm_big_run<int32_t>(grid, stream, A, B, bias, C, M, N, K, sAb, sAm, sAk, sBb, sBk, sBn, epi);
   else
-    stitch_gemm_big_run<int64_t>(grid, stream, A, B, bias, C, M, N, K, sAb, sAm, sAk, sBb, sBk, sBn);
+    stitch_gemm_big_run<int64_t>(grid, stream, A, B, bias, C, M, N, K, sAb, sAm, sAk, sBb, sBk, sBn, epi);
   STITCH_LAUNCH_CHECK();
   return true;
 }
 
-static void stitch_gemm_launch(const float* A, const float* B, const float* bias, float* C,
-    int64_t batch, int64_t M,
-                               int64_t N, int64_t K, int64_t sAb, int64_t sAm, int64_t sAk, int64_t sBb,
-                               int64_t sBk, int64_t sBn) {
+// One GEMM with its epilogue (`epi(v, i)`: v the element of C, bias included, i its flat index in C).
+// dims: batch, M, N, K, then the strides sAb, sAm, sAk, sBb, sBk, sBn.
+template <typename Epi>
+static void stitch_gemm_with(const float* A, const float* B, const float* bias, float* C, const int64_t* dims,
+                             const Epi& epi) {
+  const int64_t batch = dims[0], M = dims[1], N = dims[2], K = dims[3], sAb = dims[4], sAm = dims[5],
+                sAk = dims[6], sBb = dims[7], sBk = dims[8], sBn = dims[9];
   if (batch == 0 || M == 0 || N == 0) return;
   STITCH_CHECK(batch <= 65535, "custom gemm: batch too large");
-  if (stitch_gemm_big(A, B, bias, C, batch, M, N, K, sAb, sAm, sAk, sBb, sBk, sBn)) return;
+  if (stitch_gemm_big(A, B, bias, C, batch, M, N, K, sAb, sAm, sAk, sBb, sBk, sBn, epi)) return;
   const dim3 grid(static_cast<unsigned>((N + GBN - 1) / GBN), static_cast<unsigned>((M + GBM - 1) / GBM),
                   static_cast<unsigned>(batch));
-  stitch_gemm_kernel<<<grid, 256, 0, stitch::current_stream()>>>(A, B, bias, C, M, N, K, sAb,
-      sAm, sAk,
-                                                                           sBb, sBk, sBn);
+  stitch_gemm_kernel<Epi><<<grid, 256, 0, stitch::current_stream()>>>(A, B, bias, C, M, N, K, sAb, sAm, sAk,
+                                                                      sBb, sBk, sBn, epi);
   STITCH_LAUNCH_CHECK();
+}
+
+static void stitch_gemm_launch(const float* A, const float* B, const float* bias, float* C,
+                               const int64_t* dims) {
+  stitch_gemm_with(A, B, bias, C, dims, StitchNoEpi{});
 }
 """
 
@@ -679,6 +717,15 @@ def helper_source(helpers: set[str], backend: str) -> str:
 
 # Both tensor-core kernels' (GEMM, convolution) split of float32 operands and the device query.
 TENSOR_CORES = r"""
+// The own GEMM and convolution kernels store each output element through an epilogue `epi(v, i)`: v the
+// element (bias included), i its flat index in the output. StitchNoEpi stores v; a program's pointwise kernel
+// over the output (activation, scaling, clamp, residual) becomes an epilogue functor of its own, so the
+// output is written once, already transformed, and never read back.
+struct StitchNoEpi {
+  template <typename I>
+  __device__ __forceinline__ float operator()(float v, I) const { return v; }
+};
+
 // 3xTF32: each operand element is split into a TF32 high part and the TF32 rounding of its residual, and a
 // product is hi*hi + hi*lo + lo*hi (lo*lo is below float32's precision), accumulated in float: float32-class
 // accuracy at tensor-core rates. A fragment's elements are touched only elementwise (their order within the
@@ -744,7 +791,7 @@ def device_source(helpers: set[str], backend: str) -> str:
     if "custom" in helpers:
         parts.append(CUDA_KERNELS if backend == "cuda" else CPU_KERNELS)
     if "conv" in helpers:
-        parts.append(convolution.device_source(backend))
+        parts.append(convolution.device_source(backend, plain="conv_plain" in helpers))
     if "causal" in helpers and backend == "cuda":
         parts.append(CAUSAL_CUDA)
     if "cat" in helpers and backend == "cuda":
@@ -765,7 +812,7 @@ def host_source(helpers: set[str], backend: str) -> str:
     elif "linear" in helpers:
         parts.append(LIBRARY_HELPERS["linear"])
     if "conv" in helpers:
-        parts.append(convolution.HOST)
+        parts.append(convolution.host_source(backend, plain="conv_plain" in helpers))
     if "einsum" in helpers:
         parts.append(einsum.HOST)
     if "causal" in helpers:

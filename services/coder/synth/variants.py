@@ -32,6 +32,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     # Products of the own GEMM and convolution kernels on CUDA: 3xTF32 tensor cores (compute capability 8.0
     # and later; float32-class accuracy) or SIMT float32 FMAs.
     "mma": ("tf32x3", "simt"),
+    # The pointwise kernel over an own GEMM's (nn.Linear) or convolution's output on CUDA (activation,
+    # scaling, clamp, residual): inside that kernel's store (one pass over the output) or a kernel after it.
+    "epilogue": ("fused", "kernel"),
     # Accumulator of sums: auto (double on CPU and for split reductions, float otherwise), float, double.
     "acc": ("auto", "double", "float"),
     # Split long reductions over several blocks/threads when there are few rows.
@@ -51,6 +54,7 @@ class Variant:
     gemm_bias: str = "library"
     conv_bias: str = "epilogue"
     mma: str = "tf32x3"
+    epilogue: str = "fused"
     acc: str = "auto"
     split: str = "auto"
     grain: str = "32768"
@@ -92,6 +96,7 @@ RELEVANT: dict[str, frozenset[str]] = {
     "gemm_bias": frozenset({"gemm"}),
     "conv_bias": frozenset({"conv"}),
     "mma": frozenset({"gemm", "conv"}),
+    "epilogue": frozenset({"gemm", "conv"}),
 }
 
 
@@ -115,6 +120,10 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
     if verdict.build.error or (not verdict.compiled and verdict.build.ok is False and verdict.reason):
         # A build failure of generated code: step to the most conservative code shapes.
         out.append((previous.with_(vec="1"), "the build failed: scalar accesses instead of float4"))
+        if cuda and previous.gemm == "custom" and previous.epilogue != "kernel":
+            out.append(
+                (previous.with_(epilogue="kernel"), "the build failed: GEMM/convolution epilogues as kernels")
+            )
         out.append((previous.with_(vec="1", fusion="none"), "the build failed: one kernel per op"))
         return out
     if verdict.compiled and not verdict.correct:
@@ -126,6 +135,13 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
             )
         if cuda and previous.gemm == "custom" and previous.mma != "simt":
             out.append((previous.with_(mma="simt"), "mismatch: SIMT float32 GEMM/convolution products"))
+        if cuda and previous.gemm == "custom" and previous.epilogue != "kernel":
+            out.append(
+                (
+                    previous.with_(epilogue="kernel"),
+                    "mismatch: GEMM/convolution epilogues as kernels of their own",
+                )
+            )
         if previous.fusion != "none":
             out.append((previous.with_(fusion="none"), "mismatch: isolate the ops in separate kernels"))
         if previous.vec != "1":
@@ -163,9 +179,16 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
             out.append(
                 (previous.with_(mma="simt"), "own GEMM/convolution on SIMT cores, measured against 3xTF32")
             )
+        if previous.gemm == "custom" and previous.epilogue != "kernel":
+            out.append(
+                (
+                    previous.with_(epilogue="kernel"),
+                    "GEMM/convolution epilogues as kernels of their own, measured",
+                )
+            )
         if previous.gemm_bias != "epilogue":
             out.append((previous.with_(gemm_bias="epilogue"), "bias fused into the epilogue kernel"))
-        if previous.conv_bias != "library":
+        if previous.conv_bias != "library" and previous.gemm != "custom":
             out.append((previous.with_(conv_bias="library"), "conv bias inside the library call"))
     else:
         for grain in CHOICES["grain"]:

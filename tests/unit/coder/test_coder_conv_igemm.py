@@ -95,9 +95,17 @@ __PRELUDE__
 __COMMON__
 static bool stitch_tc = false;
 __KERNEL__
+// A program's epilogue as the kernels see it: here tanh(v) / 2 plus a residual read at the same flat index.
+static const float* stitch_residual = nullptr;
+struct StitchTestEpi {
+  const float* r;
+  template <typename I>
+  float operator()(float v, I i) const { return r != nullptr ? std::tanh(v) * 0.5f + r[i] : v; }
+};
 template <int kTN, typename I, bool kT>
 static void stitch_conv_igemm_emulated(const float* x, const float* w, const float* bias, float* y,
                                        const ConvGeom& g) {
+  const StitchTestEpi epi{stitch_residual};
   const ConvGrid grid = conv_igemm_grid(g, kT, kTN);
   pthread_barrier_init(&stitch_barrier, nullptr, 256);
   for (unsigned bz = 0; bz < grid.z; ++bz)
@@ -109,9 +117,9 @@ static void stitch_conv_igemm_emulated(const float* x, const float* w, const flo
             blockIdx = {bx, by, bz};
             threadIdx = {t, 0, 0};
             if (stitch_tc)
-              stitch_conv_tc_kernel<kTN, I, kT>(x, w, bias, y, g);
+              stitch_conv_tc_kernel<kTN, I, kT>(x, w, bias, y, g, epi);
             else
-              stitch_conv_igemm_kernel<kTN, I, kT>(x, w, bias, y, g);
+              stitch_conv_igemm_kernel<kTN, I, kT>(x, w, bias, y, g, epi);
           });
         for (std::thread& th : block) th.join();
       }
@@ -137,7 +145,9 @@ __HOST__
 at::Tensor stitch_conv_tn(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                           const std::vector<int64_t>& stride, const std::vector<int64_t>& pad,
                           const std::vector<int64_t>& dil, int64_t groups, int64_t tn, bool wide, bool tc,
-                          const std::vector<int64_t>& out_pad, bool transposed) {
+                          const std::vector<int64_t>& out_pad, bool transposed,
+                          const c10::optional<at::Tensor>& residual) {
+  stitch_residual = residual.has_value() ? residual->data_ptr<float>() : nullptr;
   stitch_tc = tc;
   stitch_tn = tn;
   stitch_wide = wide;
@@ -212,12 +222,26 @@ def reference(xs: tuple[int, ...], ws: tuple[int, ...], stride: tuple[int, ...],
 
 def conv_on_cpu(ext: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stride: tuple[int, ...],
                 pad: tuple[int, ...], dil: tuple[int, ...], groups: int, *, tn: int, wide: bool,
-                tensor_cores: bool, out_pad: tuple[int, ...] | None = None) -> torch.Tensor:  # fmt: skip
-    """One convolution through the emulated kernels: transposed where `out_pad` is given."""
+                tensor_cores: bool, out_pad: tuple[int, ...] | None = None,
+                residual: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """One convolution through the emulated kernels: transposed where `out_pad` is given; with `residual`,
+    the kernels' store goes through the test epilogue tanh(v) / 2 + residual."""
     transposed = out_pad is not None
     pads = list(out_pad) if out_pad is not None else [0] * len(stride)
     return ext.stitch_conv_tn(  # type: ignore[no-any-return]
-        x, w, b, list(stride), list(pad), list(dil), groups, tn, wide, tensor_cores, pads, transposed
+        x,
+        w,
+        b,
+        list(stride),
+        list(pad),
+        list(dil),
+        groups,
+        tn,
+        wide,
+        tensor_cores,
+        pads,
+        transposed,
+        residual,
     )
 
 
@@ -291,3 +315,31 @@ def test_tensor_core_products_need_the_residual_terms_for_float32_accuracy(tmp_p
     x, w, b, want = reference(xs, ws, stride, pad, dil, groups, has_bias)
     got = conv_on_cpu(plain, x, w, b, stride, pad, dil, groups, tn=4, wide=False, tensor_cores=True)
     assert rel_l2(got, want) > 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tensor_cores", [False, True], ids=["simt", "3xtf32"])
+def test_the_epilogue_runs_in_the_store_at_each_elements_flat_index(
+    tmp_path: Path, tensor_cores: bool
+) -> None:
+    """A program's pointwise kernel over the convolution's output runs inside the convolution's store: each
+    output element, bias included, goes through the epilogue with its own flat index in y (a residual read
+    there lands on the right element), for plain and transposed convolutions, every output phase."""
+    ext = emulated_conv(tmp_path, f"stitch_conv_epilogue_on_cpu_{int(tensor_cores)}")
+    torch.manual_seed(3)
+    cases = [
+        (xs, ws, stride, pad, None, dil, groups, bias)
+        for xs, ws, stride, pad, dil, groups, bias in GEOMETRIES[:2]
+    ]
+    cases += TRANSPOSED[:2]
+    for xs, ws, stride, pad, out_pad, dil, groups, has_bias in cases:
+        x, w = torch.randn(xs), torch.randn(ws)
+        co = ws[1] * groups if out_pad is not None else ws[0]
+        b = torch.randn(co) if has_bias else None
+        plain = conv_on_cpu(ext, x, w, b, stride, pad, dil, groups, tn=4, wide=False, tensor_cores=tensor_cores,
+                            out_pad=out_pad)  # fmt: skip
+        residual = torch.randn(plain.shape)
+        got = conv_on_cpu(ext, x, w, b, stride, pad, dil, groups, tn=8, wide=True, tensor_cores=tensor_cores,
+                          out_pad=out_pad, residual=residual)  # fmt: skip
+        want = torch.tanh(plain.double()) * 0.5 + residual.double()
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)

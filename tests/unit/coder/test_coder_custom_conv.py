@@ -211,18 +211,24 @@ CUDA_ON_CPU = r"""
 #include <cmath>
 #define __global__
 #define __launch_bounds__(n)
+#define __device__
+#define __forceinline__ inline
 #define STITCH_HD inline
 struct StitchDim { unsigned x; };
 static const StitchDim blockIdx{0}, threadIdx{0}, gridDim{1}, blockDim{1};
 static inline float __ldg(const float* p) { return *p; }
+struct StitchNoEpi {
+  template <typename I>
+  float operator()(float v, I) const { return v; }
+};
 __COMMON__
 __KERNEL__
 template <bool kTransposed>
 static void stitch_conv_emulated(const float* x, const float* w, const float* bias, float* y, const ConvGeom& g) {
   if ((g.co / g.groups) % 4 == 0)
-    stitch_conv_kernel<kTransposed, 4>(x, w, bias, y, g);
+    stitch_conv_kernel<kTransposed, 4>(x, w, bias, y, g, StitchNoEpi{});
   else
-    stitch_conv_kernel<kTransposed, 1>(x, w, bias, y, g);
+    stitch_conv_kernel<kTransposed, 1>(x, w, bias, y, g, StitchNoEpi{});
 }
 static void stitch_conv_launch(const float* x, const float* w, const float* bias, float* y,
                                const int64_t* geom, bool transposed) {
@@ -246,7 +252,9 @@ GEOMETRIES = [
 def test_cuda_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path) -> None:
     from stitchcuda.coder.synth import convolution
 
-    kernel = convolution.CUDA.split("template <bool kTransposed, int kCo>\nstatic void stitch_conv_run")[0]
+    kernel = convolution.CUDA.split(
+        "template <bool kTransposed, int kCo, typename Epi>\nstatic void stitch_conv_run"
+    )[0]
     source = (
         CUDA_ON_CPU.replace("__COMMON__", convolution.COMMON)
         .replace("__KERNEL__", kernel)
