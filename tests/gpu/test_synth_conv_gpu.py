@@ -130,7 +130,9 @@ def test_own_convolution_and_einsum_kernels_match(synth: Synthesizer, name: str)
     source = PROBLEMS[name]
     synthesis = build_source(synth, source, Variant())
     host = synthesis.files["forward.cpp"]
-    assert any(f"stitch_{call}" in host for call in ("conv(", "conv_prepare(", "einsum_gemm(", "linear_prepare("))
+    assert any(
+        f"stitch_{call}" in host for call in ("conv(", "conv_prepare(", "einsum_gemm(", "linear_prepare(")
+    )
     assert "at::conv" not in host and "at::einsum" not in host and "at::linear" not in host
     compare(source, synthesis.files["model_new.py"])
 

@@ -504,10 +504,11 @@ class Host:
             if op.fn in ("lstm", "gru"):
                 self.helpers.add("lstm")
                 if self.custom:
-                    self.helpers.add("custom")
+                    self.helpers.update({"custom", "gemm_plain"})
                 return [f"const std::vector<at::Tensor> {list_var(op.out)} = {self.rnn_expr(op)};"]
-            if op.fn in convolution.CONV_FNS and self.custom:
-                self.helpers.add("conv_plain")  # launched here, without an epilogue
+            if self.custom:
+                # An own GEMM or convolution launched here, without an epilogue: its plain kernels are built.
+                self.helpers.add("conv_plain" if op.fn in convolution.CONV_FNS else "gemm_plain")
             lines = [f"at::Tensor {tensor_var(op.out)} = {self.lib_expr(op)};"]
             if op.attrs.get("causal"):
                 self.helpers.add("causal")

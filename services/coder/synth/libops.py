@@ -55,6 +55,20 @@ StitchGemm stitch_bgemm_prepare(const at::Tensor& A, const at::Tensor& B,
   return g;
 }
 
+// nn.Linear: x [..., K] @ w[N, K]^T (+ b), as one GEMM over the flattened leading dims.
+StitchGemm stitch_linear_prepare(const at::Tensor& x, const at::Tensor& w,
+                                 const c10::optional<at::Tensor>& b) {
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = w.size(0);
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  StitchGemm g = stitch_bgemm_prepare(x2.unsqueeze(0), w.t().unsqueeze(0), b);
+  g.out = g.y.view(sizes);
+  return g;
+}
+"""
+
+# The GEMMs launched without an epilogue: only in programs that launch one.
+GEMM_PLAIN_WRAPPERS = r"""
 at::Tensor stitch_bgemm(const at::Tensor& A, const at::Tensor& B, const c10::optional<at::Tensor>& bias) {
   const StitchGemm g = stitch_bgemm_prepare(A, B, bias);
   stitch_gemm_launch(g.x.data_ptr<float>(), g.w.data_ptr<float>(), g.bias_ptr(), g.y.data_ptr<float>(),
@@ -89,17 +103,6 @@ at::Tensor stitch_matmul(const at::Tensor& a0, const at::Tensor& b0) {
   if (a0.dim() > 1) out.push_back(M);
   if (b0.dim() > 1) out.push_back(N);
   return C.view(out);
-}
-
-// nn.Linear: x [..., K] @ w[N, K]^T (+ b), as one GEMM over the flattened leading dims.
-StitchGemm stitch_linear_prepare(const at::Tensor& x, const at::Tensor& w,
-                                 const c10::optional<at::Tensor>& b) {
-  std::vector<int64_t> sizes = x.sizes().vec();
-  sizes.back() = w.size(0);
-  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-  StitchGemm g = stitch_bgemm_prepare(x2.unsqueeze(0), w.t().unsqueeze(0), b);
-  g.out = g.y.view(sizes);
-  return g;
 }
 
 at::Tensor stitch_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
@@ -420,7 +423,10 @@ static void stitch_gemm_with(const float* A, const float* B, const float* bias, 
                                                                       sBb, sBk, sBn, epi);
   STITCH_LAUNCH_CHECK();
 }
+"""
 
+# The GEMM's launcher without an epilogue (CUDA): only in programs that launch one.
+CUDA_GEMM_PLAIN = r"""
 static void stitch_gemm_launch(const float* A, const float* B, const float* bias, float* C,
                                const int64_t* dims) {
   stitch_gemm_with(A, B, bias, C, dims, StitchNoEpi{});
@@ -788,8 +794,10 @@ def device_source(helpers: set[str], backend: str) -> str:
     parts: list[str] = []
     if ("custom" in helpers or "conv" in helpers) and backend == "cuda":
         parts.append(TENSOR_CORES)
-    if "custom" in helpers:
-        parts.append(CUDA_KERNELS if backend == "cuda" else CPU_KERNELS)
+    if "custom" in helpers and backend == "cuda":
+        parts.append(CUDA_KERNELS + (CUDA_GEMM_PLAIN if "gemm_plain" in helpers else ""))
+    elif "custom" in helpers:
+        parts.append(CPU_KERNELS)
     if "conv" in helpers:
         parts.append(convolution.device_source(backend, plain="conv_plain" in helpers))
     if "causal" in helpers and backend == "cuda":
@@ -808,7 +816,8 @@ def host_source(helpers: set[str], backend: str) -> str:
     """The helpers that take tensors (library calls, the custom kernels' wrappers): the host part."""
     parts: list[str] = []
     if "custom" in helpers:
-        parts.append(CUSTOM_WRAPPERS)
+        plain = "gemm_plain" in helpers or backend != "cuda"
+        parts.append(CUSTOM_WRAPPERS + (GEMM_PLAIN_WRAPPERS if plain else ""))
     elif "linear" in helpers:
         parts.append(LIBRARY_HELPERS["linear"])
     if "conv" in helpers:

@@ -65,7 +65,8 @@ def test_each_pointwise_kernel_over_a_convolution_runs_in_its_store(synth: Synth
     assert forward.count("stitch_conv_prepare(") == 2 and forward.count("stitch_linear_prepare(") == 1
     assert len(re.findall(r"\bk\d+_epilogue_launch\(", forward)) == 3
     assert "stitch_conv(" not in forward and "stitch_linear(" not in forward  # none launched on its own
-    assert "void stitch_conv_launch(" not in kernels  # so the plain convolution's kernels are not built
+    assert "void stitch_conv_launch(" not in kernels  # so the plain kernels are not built
+    assert "void stitch_gemm_launch(" not in kernels
     assert kernels.count("_epi {") == 3
     assert "stitch_conv_with<true>(" in kernels and "stitch_conv_with<false>(" in kernels
     assert "stitch_gemm_with(lx, lw, lb, out, geom, e);" in kernels
