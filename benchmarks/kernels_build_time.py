@@ -1,5 +1,5 @@
-"""nvcc's time on the kernels.cu of the built-in Coder's strict CUDA programs (sm_90, the Verifier's flags), per
-problem, and the kernels it instantiates. No GPU needed: this is the build share of a cold verification.
+"""nvcc's time on the kernels.cu of the built-in Coder's strict CUDA programs (sm_90, the Verifier's flags),
+per problem, and the kernels it instantiates. No GPU needed: this is the build share of a cold verification.
 
     python benchmarks/kernels_build_time.py OUT PROBLEM.py... [--tree DIR] [--repeat N]
 

@@ -1006,8 +1006,8 @@ class CudaKernels:
         )
         fields = [f"const {CTYPE[self.g.values[o.id].dtype]}* in{i};" for i, o in enumerate(info.operands)]
         fields += [f"{k.name}_descs D;", "int64_t cols;", *(f"float s{i};" for i in range(len(info.scalars)))]
-        # A strided or broadcast operand's offset is a loop of divisions: inlined into each of the 32-64 stores
-        # a thread makes, it doubled nvcc's time (level-2 problem 5: 10.6 s -> 22.4 s; called, 8.4 s).
+        # A strided or broadcast operand's offset is a loop of divisions: inlined into each of the 32-64
+        # stores a thread makes, it doubled nvcc's time (level-2 problem 5: 10.6 s -> 22.4 s; called, 8.4 s).
         inline = "__noinline__" if general else "__forceinline__"
         functor = [
             *self.desc_struct(info),
