@@ -199,6 +199,24 @@ def analyze(graph: Graph, kernel: Kernel) -> KernelInfo:
     return info
 
 
+def flat_load(info: KernelInfo) -> Callable[[str], str]:
+    """An operand's element at flat index `i` of a pointwise domain: `z<k>` (a scalar operand, loaded once
+    beforehand), `in<k>[i]` (contiguous), or through the row base `b<k>` and column stride `cs<k>` (strided or
+    broadcast; the caller computes them)."""
+    index = {o.id: i for i, o in enumerate(info.operands)}
+
+    def load(ident: str) -> str:
+        i = index[ident]
+        access = info.operands[i].access
+        if access == "scalar":
+            return f"z{i}"
+        if access == "contig":
+            return f"in{i}[i]"
+        return f"in{i}[b{i} + c * cs{i}]"
+
+    return load
+
+
 def attr_var(path: str) -> str:
     return "A_" + cname(path)
 
@@ -955,6 +973,7 @@ __all__ = [
     "acc_update",
     "analyze",
     "cname",
+    "flat_load",
     "local_var",
     "tensor_var",
 ]

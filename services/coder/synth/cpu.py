@@ -18,6 +18,7 @@ from stitchcuda.coder.synth.codegen import (
     acc_init,
     acc_type,
     acc_update,
+    flat_load,
     local_var,
     tensor_var,
 )
@@ -93,18 +94,7 @@ class CpuKernels:
     def pointwise(self, info: KernelInfo) -> str:
         k = info.kernel
         general = info.general
-        index = {o.id: i for i, o in enumerate(info.operands)}
-
-        def load(ident: str) -> str:
-            i = index[ident]
-            acc = info.operands[i].access
-            if acc == "scalar":
-                return f"z{i}"
-            if acc == "contig":
-                return f"in{i}[i]"
-            return f"in{i}[b{i} + c * cs{i}]"
-
-        scope = Scope(self.g, info.ops, self.scalar_fn(info), load)
+        scope = Scope(self.g, info.ops, self.scalar_fn(info), flat_load(info))
         result = scope.need(k.root)
         body = [*scope.lines, f"out[i] = {result};"]
         lines = self.operand_setup(info)

@@ -21,6 +21,7 @@ from stitchcuda.coder.synth.codegen import (
     acc_init,
     acc_type,
     acc_update,
+    flat_load,
     local_var,
     tensor_var,
 )
@@ -974,21 +975,9 @@ class CudaKernels:
         k = info.kernel
         lib = k.epilogue_of
         assert lib is not None
-        index = {o.id: i for i, o in enumerate(info.operands)}
         general = info.general
-
-        def load(ident: str) -> str:
-            if ident == lib.out:
-                return "v"
-            i = index[ident]
-            acc = info.operands[i].access
-            if acc == "scalar":
-                return f"in{i}[0]"
-            if acc == "contig":
-                return f"in{i}[i]"
-            return f"in{i}[b{i} + c * cs{i}]"
-
-        scope = Scope(self.g, info.ops, self.scalar_fn(info), load)
+        operand = flat_load(info)
+        scope = Scope(self.g, info.ops, self.scalar_fn(info), lambda x: "v" if x == lib.out else operand(x))
         value = scope.need(k.root)
         row = (
             [
@@ -1017,7 +1006,7 @@ class CudaKernels:
             *indent(fields, 2),
             "  template <typename I>",
             f"  __device__ {inline} float operator()(float v, I i) const {{",
-            *indent([*row, *scope.lines, f"return {value};"], 4),
+            *indent([*self.scalar_setup(info), *row, *scope.lines, f"return {value};"], 4),
             "  }",
             "};",
         ]
