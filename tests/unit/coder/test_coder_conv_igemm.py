@@ -200,6 +200,12 @@ def emulated_conv(tmp_path: Path, name: str, split: str = "") -> Any:
     return load_emulated(name, source.replace("__HOST__", convolution.HOST), "stitch_conv_tn", tmp_path)
 
 
+@pytest.fixture(scope="module")
+def ext(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The emulated kernels, built once for the module (SIMT or tensor cores is a run-time switch)."""
+    return emulated_conv(tmp_path_factory.mktemp("conv_emulated"), "stitch_conv_igemm_on_cpu")
+
+
 # Where the kernels end and their host launchers begin, in both kernel texts.
 KERNELS_END = "// Tensor cores (3xTF32) from compute capability 8.0"
 
@@ -251,8 +257,7 @@ def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tensor_cores", [False, True], ids=["simt", "3xtf32"])
-def test_igemm_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path, tensor_cores: bool) -> None:
-    ext = emulated_conv(tmp_path, f"stitch_conv_igemm_on_cpu_{int(tensor_cores)}")
+def test_igemm_kernel_text_emulated_on_the_cpu_matches_torch(ext: Any, tensor_cores: bool) -> None:
     torch.manual_seed(0)
     for xs, ws, stride, pad, dil, groups, has_bias in GEOMETRIES:
         x, w, b, want = reference(xs, ws, stride, pad, dil, groups, has_bias)
@@ -269,10 +274,9 @@ def test_igemm_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path, ten
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tensor_cores", [False, True], ids=["simt", "3xtf32"])
-def test_transposed_igemm_emulated_on_the_cpu_matches_torch(tmp_path: Path, tensor_cores: bool) -> None:
+def test_transposed_igemm_emulated_on_the_cpu_matches_torch(ext: Any, tensor_cores: bool) -> None:
     """One GEMM per output phase, over the taps that land on it: every phase's positions, the phases with
     no taps (bias alone) and those with no positions, groups, dilations, output padding, 1-3 dims."""
-    ext = emulated_conv(tmp_path, f"stitch_conv_transposed_on_cpu_{int(tensor_cores)}")
     torch.manual_seed(2)
     for xs, ws, stride, pad, out_pad, dil, groups, has_bias in TRANSPOSED:
         x, w = torch.randn(xs), torch.randn(ws)
@@ -319,13 +323,10 @@ def test_tensor_core_products_need_the_residual_terms_for_float32_accuracy(tmp_p
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tensor_cores", [False, True], ids=["simt", "3xtf32"])
-def test_the_epilogue_runs_in_the_store_at_each_elements_flat_index(
-    tmp_path: Path, tensor_cores: bool
-) -> None:
+def test_the_epilogue_runs_in_the_store_at_each_elements_flat_index(ext: Any, tensor_cores: bool) -> None:
     """A program's pointwise kernel over the convolution's output runs inside the convolution's store: each
     output element, bias included, goes through the epilogue with its own flat index in y (a residual read
     there lands on the right element), for plain and transposed convolutions, every output phase."""
-    ext = emulated_conv(tmp_path, f"stitch_conv_epilogue_on_cpu_{int(tensor_cores)}")
     torch.manual_seed(3)
     cases = [
         (xs, ws, stride, pad, None, dil, groups, bias)

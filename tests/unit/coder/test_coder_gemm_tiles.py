@@ -71,6 +71,12 @@ def emulated_gemm(tmp_path: Path, name: str) -> Any:
     return load_emulated(name, GEMM_ON_CPU.replace("__KERNEL__", kernel), "stitch_gemm_tiles", tmp_path)
 
 
+@pytest.fixture(scope="module")
+def ext(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The emulated kernels, built once for the module (SIMT or tensor cores is a run-time switch)."""
+    return emulated_gemm(tmp_path_factory.mktemp("gemm_emulated"), "stitch_gemm_tiles_on_cpu")
+
+
 # (batch, M, N, K, A stored K-major?, B stored N-major?, bias)
 SHAPES = [
     (1, 130, 70, 19, True, True, True),  # partial tiles everywhere
@@ -82,10 +88,7 @@ SHAPES = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tensor_cores", [False, True], ids=["simt", "3xtf32"])
-def test_large_tile_gemm_kernel_text_emulated_on_the_cpu_matches_torch(
-    tmp_path: Path, tensor_cores: bool
-) -> None:
-    ext = emulated_gemm(tmp_path, f"stitch_gemm_tiles_on_cpu_{int(tensor_cores)}")
+def test_large_tile_gemm_kernel_text_emulated_on_the_cpu_matches_torch(ext: Any, tensor_cores: bool) -> None:
     torch.manual_seed(0)
     for batch, m, n, k, a_rows, b_rows, has_bias in SHAPES:
         a = torch.randn(batch, m, k) if a_rows else torch.randn(batch, k, m).transpose(1, 2)
@@ -101,11 +104,10 @@ def test_large_tile_gemm_kernel_text_emulated_on_the_cpu_matches_torch(
 @pytest.mark.slow
 @pytest.mark.parametrize("tensor_cores", [False, True], ids=["simt", "3xtf32"])
 def test_the_gemm_epilogue_runs_in_the_store_at_each_elements_flat_index(
-    tmp_path: Path, tensor_cores: bool
+    ext: Any, tensor_cores: bool
 ) -> None:
     """A program's pointwise kernel over a Linear's output runs inside the GEMM's store: each element of C,
     bias included, goes through the epilogue with its flat index in C [batch, M, N] (partial tiles, batches)."""
-    ext = emulated_gemm(tmp_path, f"stitch_gemm_epilogue_on_cpu_{int(tensor_cores)}")
     torch.manual_seed(1)
     for batch, m, n, k, a_rows, b_rows, has_bias in SHAPES[::3]:
         a = torch.randn(batch, m, k) if a_rows else torch.randn(batch, k, m).transpose(1, 2)
