@@ -199,6 +199,20 @@ class CudaKernels:
     def slot(self, info: KernelInfo, i: int) -> int:
         return info.general.index(i)
 
+    def row_bases(self, info: KernelInfo, index: str = "I", row: str = "r") -> list[str]:
+        """Each strided or broadcast operand's offset of row `row` (index type `index`): `b<k>`."""
+        return [
+            f"const int64_t b{i} = stitch::row_off<{index}>(D.d[{self.slot(info, i)}], {row});"
+            for i in info.general
+        ]
+
+    def col_strides(self, info: KernelInfo) -> list[str]:
+        """Each strided or broadcast operand's step along the innermost column: `cs<k>`."""
+        return [
+            f"const int64_t cs{i} = D.d[{self.slot(info, i)}].nc ? D.d[{self.slot(info, i)}].cstr[0] : 0;"
+            for i in info.general
+        ]
+
     def scalar_setup(self, info: KernelInfo) -> list[str]:
         return [
             f"const {CTYPE[self.g.values[o.id].dtype]} z{i} = in{i}[0];"
@@ -235,11 +249,8 @@ class CudaKernels:
             value = scope.need(k.root)
             return [*scope.lines, f"res[l] = {value};"]
 
-        bases = [f"const int64_t b{i} = stitch::row_off<I>(D.d[{self.slot(info, i)}], r);" for i in general]
-        strides = [
-            f"const int64_t cs{i} = D.d[{self.slot(info, i)}].nc ? D.d[{self.slot(info, i)}].cstr[0] : 0;"
-            for i in general
-        ]
+        bases = self.row_bases(info)
+        strides = self.col_strides(info)
         root_ctype = CTYPE[self.g.values[k.root].dtype]
         vec_loads = [
             f"const float4 f{i} = reinterpret_cast<const float4*>(in{i})[v];"
@@ -372,10 +383,7 @@ class CudaKernels:
             return f"in{i}[b{i}]"
 
         def bases() -> list[str]:
-            return [
-                f"const int64_t b{i} = stitch::row_off<int64_t>(D.d[{self.slot(info, i)}], r);"
-                for i in info.general
-            ]
+            return self.row_bases(info, "int64_t")
 
         # Single-pass reductions (a sum, a norm) accumulate in double: a lane may add 10^4 elements of a row,
         # and memory-bound, the FP64 adds are free. A softmax's or a norm's passes keep float registers.
@@ -983,12 +991,8 @@ class CudaKernels:
             [
                 "const I r = i / static_cast<I>(cols);",
                 "const I c = i - r * static_cast<I>(cols);",
-                *(f"const int64_t b{i} = stitch::row_off<I>(D.d[{self.slot(info, i)}], r);" for i in general),
-                *(
-                    f"const int64_t cs{i} = D.d[{self.slot(info, i)}].nc ? "
-                    f"D.d[{self.slot(info, i)}].cstr[0] : 0;"
-                    for i in general
-                ),
+                *self.row_bases(info),
+                *self.col_strides(info),
             ]
             if general
             else []

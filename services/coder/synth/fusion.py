@@ -528,6 +528,12 @@ def schedule(graph: Graph, variant: Variant, plan: plan_pb2.Plan | None = None) 
     return Program(graph, steps, kernels, collect_attrs(graph))
 
 
+def _reads(step: Step) -> list[str]:
+    if step.kernel is not None:
+        return [o.id for o in step.kernel.operands]
+    return step.op.refs() if step.op is not None else []
+
+
 def _check_inplace(steps: list[Step], graph: Graph) -> None:
     """An epilogue may overwrite a library result only if nothing later still reads that buffer.
 
@@ -538,32 +544,21 @@ def _check_inplace(steps: list[Step], graph: Graph) -> None:
         if k is None or not k.inplace or k.root in graph.writebacks:
             continue
         for later in steps[i + 1 :]:
-            reads = (
-                [o.id for o in later.kernel.operands] if later.kernel else later.op.refs() if later.op else []
-            )
-            if k.inplace in reads:
+            if k.inplace in _reads(later):
                 k.inplace = ""
                 break
 
 
-def _reads(step: Step) -> list[str]:
-    if step.kernel is not None:
-        return [o.id for o in step.kernel.operands]
-    return step.op.refs() if step.op is not None else []
-
-
-def fuse_library_epilogues(program: Program, fns: frozenset[str]) -> int:
+def fuse_library_epilogues(program: Program, fns: frozenset[str]) -> None:
     """Moves each own GEMM or convolution (an op of `fns`) whose output only a pointwise kernel written in
     place over it reads into that kernel's step, as the kernel's epilogue: the library kernel's store computes
-    the pointwise kernel's expression, so its output is written once and never read back. Returns how many
-    were fused.
+    the pointwise kernel's expression, so its output is written once and never read back.
 
     The kernel must read the output element for element (a contiguous operand) and be its only reader; no
     step between the two may write into an existing buffer (an in-place kernel, a state update), since the
     GEMM or convolution now reads its operands at the later step.
     """
     graph, steps = program.graph, program.steps
-    fused = 0
     for i, step in enumerate(steps):
         op = step.op
         if op is None or op.kind != LIB or op.fn not in fns or graph.values[op.out].dtype != "float32":
@@ -587,8 +582,6 @@ def fuse_library_epilogues(program: Program, fns: frozenset[str]) -> int:
             continue
         k.epilogue_of = op
         steps[i] = Step()
-        fused += 1
-    return fused
 
 
 __all__ = ["Const", "Kernel", "Operand", "Program", "Step", "fuse_library_epilogues", "schedule"]
