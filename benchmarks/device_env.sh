@@ -6,6 +6,7 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux2014_x86_64 -d .whl pydantic pydantic_core pydantic-settings python-dotenv \
 #     annotated-types typing-inspection 'protobuf>=7.35.1,<8' einops
+#     nvidia-cutlass (its headers, for programs that instantiate CUTLASS templates)
 #   (and for the GPU tests: pytest pluggy iniconfig packaging pytest-timeout pytest-xdist execnet)
 #   (mkdir -p .whl/deb && cd .whl/deb && apt-get download bubblewrap)
 # The project itself is not installed: .ci/linktree mirrors setup.py's mapping with links onto this tree,

@@ -22,6 +22,7 @@ from torch.utils.cpp_extension import load
 
 from stitchcuda.coder.synth.synthesizer import Synthesizer
 from stitchcuda.coder.synth.variants import Variant
+from stitchcuda.shared import cutlass
 from stitchcuda.shared.policy import LIBRARY, STRICT, KernelPolicy
 
 
@@ -50,7 +51,7 @@ def check(path: Path, policy: str, root: Path) -> None:
         name=synthesis.build.extension_name,
         sources=[str(build / s) for s in synthesis.build.sources],
         extra_cflags=list(synthesis.build.cflags),
-        extra_cuda_cflags=list(synthesis.build.cuda_cflags),
+        extra_cuda_cflags=[*synthesis.build.cuda_cflags, *cutlass.build_flags(synthesis.files.values())],
         extra_ldflags=list(synthesis.build.ldflags),
         build_directory=str(build),
     )

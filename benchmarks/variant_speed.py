@@ -29,6 +29,7 @@ import torch
 
 from stitchcuda.coder.synth.synthesizer import Synthesizer
 from stitchcuda.coder.synth.variants import Variant
+from stitchcuda.shared import cutlass
 from stitchcuda.shared.policy import LIBRARY, STRICT, KernelPolicy
 
 
@@ -56,7 +57,7 @@ def build(ref: str, variant_text: str, policy: str, root: str) -> tuple[str, dic
         name=name,
         sources=[str(folder / s) for s in synthesis.build.sources],
         extra_cflags=list(synthesis.build.cflags),
-        extra_cuda_cflags=list(synthesis.build.cuda_cflags),
+        extra_cuda_cflags=[*synthesis.build.cuda_cflags, *cutlass.build_flags(synthesis.files.values())],
         extra_ldflags=list(synthesis.build.ldflags),
         build_directory=str(folder),
     )

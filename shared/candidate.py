@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from stitchcuda.api.v1 import code_pb2
-from stitchcuda.shared import build_calls, triton_kernels
+from stitchcuda.shared import build_calls, cutlass, triton_kernels
 from stitchcuda.shared.artifacts import sha256_hex
 from stitchcuda.shared.errors import InvalidRequest
 
@@ -229,6 +229,23 @@ def export_standalone(candidate: code_pb2.Candidate) -> str:
     # Headers the sources include travel with them.
     embedded.update({p: c for p, c in files.items() if p.endswith((".h", ".cuh", ".hpp"))})
     src_dir = "stitchcuda-" + content_hash(candidate)[:16]
+    # CUTLASS templates in the sources: its headers from the nvidia-cutlass package where this file runs.
+    uses_cutlass = candidate.build.backend == "cuda" and cutlass.used_by(embedded.values())
+    cutlass_lines = (
+        [
+            "import importlib.util as _ilu",
+            "",
+            "_CUTLASS = _ilu.find_spec('cutlass_library')",
+            "if _CUTLASS is None:",
+            "    raise ImportError('this program instantiates CUTLASS templates: '",
+            "                      'pip install nvidia-cutlass')",
+            "_CUTLASS_FLAGS = ['-I' + _os.path.join(list(_CUTLASS.submodule_search_locations)[0], 'source', "
+            "'include')]",
+            "",
+        ]
+        if uses_cutlass
+        else []
+    )
     loader = "\n".join(
         [
             "import os as _os",
@@ -236,6 +253,7 @@ def export_standalone(candidate: code_pb2.Candidate) -> str:
             "",
             "from torch.utils.cpp_extension import load as _load",
             "",
+            *cutlass_lines,
             f"_SOURCES = {embedded!r}",
             f"_SRC_DIR = _os.path.join(_tempfile.gettempdir(), {src_dir!r})",
             "_os.makedirs(_SRC_DIR, exist_ok=True)",
@@ -246,7 +264,8 @@ def export_standalone(candidate: code_pb2.Candidate) -> str:
             f"    name={name!r},",
             f"    sources=[_os.path.join(_SRC_DIR, s) for s in {list(candidate.build.sources)!r}],",
             f"    extra_cflags={list(candidate.build.cflags)!r},",
-            f"    extra_cuda_cflags={list(candidate.build.cuda_cflags)!r},",
+            f"    extra_cuda_cflags={list(candidate.build.cuda_cflags)!r}"
+            f"{' + _CUTLASS_FLAGS' if uses_cutlass else ''},",
             f"    extra_ldflags={list(candidate.build.ldflags)!r},",
             "    verbose=False,",
             ")",

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from stitchcuda.shared import cutlass
+
 # Variables the untrusted process may see; everything else (credentials, tokens, endpoints) stays out.
 PASSED_ENV = (
     "PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME",
@@ -90,6 +92,10 @@ def system_binds(cuda: bool, tools: tuple[str, ...] = ("nvcc", "ninja")) -> list
     torch = importlib.util.find_spec("torch")
     if torch is not None and torch.origin:
         extra.add(os.path.dirname(os.path.dirname(torch.origin)))
+    # CUTLASS's headers, which the Verifier's builder offers a candidate's CUDA sources (shared/cutlass.py).
+    headers = cutlass.package_dir()
+    if headers is not None:
+        extra.add(str(headers))
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     if cuda_home:
         extra.add(cuda_home)

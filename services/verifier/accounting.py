@@ -15,6 +15,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from stitchcuda.shared import cutlass
+
 GPU_LIBRARY = re.compile(
     r"gemm|cublas|cutlass|cudnn|xmma|nvjet|magma|cusparse|curand|cufft|implicit_convolve|winograd|"
     r"^(void )?(sm\d+_|ampere_|volta_|turing_|hopper_|maxwell_)|flash_fwd|flash_bwd|fmha|cub::",
@@ -57,6 +59,13 @@ TRITON_SPAN = "triton::"
 # The runner's span around each profiled forward call (sent to it in the run's header): not an
 # identifier, so no extension function (spans `<token>::<function name>`) can share it.
 CALL_SPAN = "<profiled call>"
+# A CUTLASS kernel template instantiated in the candidate's sources: its entry point (`cutlass::Kernel`,
+# `Kernel2`, `device_kernel`) over one of CUTLASS's kernel templates.
+CUTLASS_INSTANCE = re.compile(
+    r"^cutlass::(?:Kernel\d*|device_kernel)<\s*cutlass::(?:gemm|conv|reduction)::kernel::\w+<"
+)
+# In global_symbols' answer: the sources include CUTLASS headers (not an identifier, so no kernel's name).
+CUTLASS_SOURCES = "<cutlass>"
 _GLOBAL = re.compile(r"__global__\s+(?:[\w:<>,\s\*&]*?\s)?(\w+)\s*\(")
 # `__launch_bounds__(...)`, its arguments with one level of parentheses (`(256, sizeof(I) == 4 ? 2 : 1)`).
 _BOUNDS = re.compile(r"__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)")
@@ -107,21 +116,29 @@ class Accounting:
 
 
 def global_symbols(sources: dict[str, str]) -> set[str]:
-    """`__global__` kernel names defined in the candidate's sources (a fallback for attribution)."""
+    """`__global__` kernel names defined in the candidate's sources (a fallback for attribution), and
+    CUTLASS_SOURCES where the sources instantiate CUTLASS templates (they include its headers)."""
     names: set[str] = set()
     for text in sources.values():
         clean = _BOUNDS.sub(" ", text)
         names.update(m.group(1) for m in _GLOBAL.finditer(clean))
-    return {n for n in names if len(n) >= 3}
+    found = {n for n in names if len(n) >= 3}
+    if cutlass.used_by(sources.values()):
+        found.add(CUTLASS_SOURCES)
+    return found
 
 
 def _defined_by(kernel: str, symbols: set[str]) -> bool:
-    """The profiler's kernel name starts with one of the candidate's `__global__` identifiers.
+    """The profiler's kernel name starts with one of the candidate's `__global__` identifiers, or is a
+    CUTLASS kernel template instantiated with CUTLASS's own kernel types where the sources include CUTLASS.
 
     Names come demangled: `void ns::kern<4>(float*)`, and for kernels in an unnamed namespace
-    `(anonymous namespace)::kern(float*)`.
+    `(anonymous namespace)::kern(float*)`. cuBLAS's CUTLASS-built kernels carry a precompiled type
+    (`cutlass::Kernel2<cutlass_80_simt_sgemm_128x64>`), never `cutlass::gemm::kernel::...`.
     """
     name = kernel.removeprefix("void ").replace("(anonymous namespace)::", "")
+    if name.startswith("cutlass::"):
+        return CUTLASS_SOURCES in symbols and bool(CUTLASS_INSTANCE.match(name))
     head = name.split("(", 1)[0].split("<", 1)[0]
     return head.rsplit("::", 1)[-1] in symbols
 
@@ -251,7 +268,7 @@ def _account_gpu(
                 origin = "custom" if custom else "library"
             else:
                 origin = "library" if GPU_LIBRARY.search(e["name"]) else "torch"
-        elif any(re.search(rf"\b{re.escape(s)}\b", e["name"]) for s in symbols):
+        elif any(re.search(rf"\b{re.escape(s)}\b", e["name"]) for s in symbols - {CUTLASS_SOURCES}):
             origin = "custom"
         else:
             origin = "library" if GPU_LIBRARY.search(e["name"]) else "torch"

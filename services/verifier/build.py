@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from stitchcuda.api.v1 import code_pb2, verify_pb2
+from stitchcuda.shared import cutlass
 from stitchcuda.shared.artifacts import ArtifactStore, Keys, sha256_hex
 from stitchcuda.shared.candidate import ENTRY, builds
 from stitchcuda.shared.errors import NotFound
@@ -78,6 +79,14 @@ def toolchain(backend: str, arch_list: str) -> dict[str, str]:
     return info
 
 
+def cutlass_flags(candidate: code_pb2.Candidate) -> list[str]:
+    """CUTLASS's include folder for a CUDA build whose sources include its headers (shared/cutlass.py): the
+    build environment provides CUTLASS as it provides torch, so a candidate names no machine's path."""
+    if candidate.build.backend != "cuda":
+        return []
+    return cutlass.build_flags(f.content for f in candidate.files if not f.path.endswith(".py"))
+
+
 def cache_key(candidate: code_pb2.Candidate, arch_list: str) -> str:
     build = candidate.build
     entry = candidate.entry or ENTRY
@@ -96,6 +105,8 @@ def cache_key(candidate: code_pb2.Candidate, arch_list: str) -> str:
         "files": files,
         "toolchain": toolchain(build.backend, arch_list),
     }
+    if build.backend == "cuda" and cutlass.used_by(f.content for f in candidate.files):
+        doc["cutlass"] = cutlass.version()
     return sha256_hex(json.dumps(doc, sort_keys=True))
 
 
@@ -296,12 +307,16 @@ class Builder:
             out_dir = f"{inside['work']}/out"
             (work / "out").mkdir()
             nonce = os.urandom(8).hex()
+            try:
+                provided = cutlass_flags(candidate)
+            except FileNotFoundError as exc:
+                return False, str(exc), "", False
             header = {
                 "nonce": nonce,
                 "name": name,
                 "sources": [f"{inside['src']}/{s}" for s in candidate.build.sources],
                 "cflags": list(candidate.build.cflags),
-                "cuda_cflags": list(candidate.build.cuda_cflags),
+                "cuda_cflags": [*candidate.build.cuda_cflags, *provided],
                 "ldflags": list(candidate.build.ldflags),
                 "build_dir": out_dir,
                 "with_cuda": candidate.build.backend == "cuda",

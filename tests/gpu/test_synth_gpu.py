@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 from stitchcuda.coder.synth.synthesizer import Synthesizer  # noqa: E402
 from stitchcuda.coder.synth.variants import Variant  # noqa: E402
+from stitchcuda.shared import cutlass  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -50,7 +51,7 @@ def build_source(synth: Synthesizer, source: str, variant: Variant):  # type: ig
         name=ext_name,
         sources=[str(root / s) for s in synthesis.build.sources],
         extra_cflags=list(synthesis.build.cflags),
-        extra_cuda_cflags=list(synthesis.build.cuda_cflags),
+        extra_cuda_cflags=[*synthesis.build.cuda_cflags, *cutlass.build_flags(synthesis.files.values())],
         extra_ldflags=list(synthesis.build.ldflags),
         build_directory=str(root),
     )
@@ -103,4 +104,13 @@ def test_scalar_variant_matches_too(synth: Synthesizer, name: str) -> None:
 @pytest.mark.parametrize("name", CUSTOM)
 def test_custom_gemm_and_conv_kernels_match(synth: Synthesizer, name: str) -> None:
     source, synthesis = build(synth, name, Variant(gemm="custom"))
+    compare(source, synthesis.files["model_new.py"])
+
+
+@pytest.mark.parametrize("name", ["06_gemm_bias_relu", "08_mlp", "12_attention", "15_transformer_block"])
+def test_cutlass_gemms_match(synth: Synthesizer, name: str) -> None:
+    """The GEMMs as CUTLASS 3xTF32 templates (variant gemm_kernel=cutlass), built with the nvidia-cutlass
+    package's headers; a GEMM CUTLASS cannot take runs on the own kernels."""
+    source, synthesis = build(synth, name, Variant(gemm="custom", gemm_kernel="cutlass"))
+    assert any(path.endswith("cutlass_gemm.cu") for path in synthesis.files)
     compare(source, synthesis.files["model_new.py"])

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 from stitchcuda.coder.synth.synthesizer import Synthesizer  # noqa: E402
 from stitchcuda.coder.synth.variants import Variant  # noqa: E402
+from stitchcuda.shared import cutlass  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -76,7 +77,7 @@ def build(synth: Synthesizer, source: str) -> dict[str, Any]:
         name=ext_name,
         sources=[str(root / s) for s in synthesis.build.sources],
         extra_cflags=list(synthesis.build.cflags),
-        extra_cuda_cflags=list(synthesis.build.cuda_cflags),
+        extra_cuda_cflags=[*synthesis.build.cuda_cflags, *cutlass.build_flags(synthesis.files.values())],
         extra_ldflags=list(synthesis.build.ldflags),
         build_directory=str(root),
     )

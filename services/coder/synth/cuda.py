@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from stitchcuda.coder.synth import convolution, libops, rnn
+from stitchcuda.coder.synth import convolution, cutlass_gemm, libops, rnn
 from stitchcuda.coder.synth.codegen import (
     CTYPE,
     Host,
@@ -1139,11 +1139,16 @@ def emit(
     built by the host compiler with per-operator headers) and binding.cpp (the Python binding, glue
     compiled at -O1), where one .cu with torch/extension.h took nvcc a minute.
     """
+    cutlass = variant.gemm == "custom" and variant.gemm_kernel == "cutlass"
     if variant.gemm == "custom" and variant.epilogue == "fused":
-        fuse_library_epilogues(program, convolution.CONV_FNS | {"linear"})
+        # A CUTLASS GEMM keeps its pointwise tail as a kernel: only the convolutions take theirs inside.
+        fuse_library_epilogues(program, convolution.CONV_FNS | (frozenset() if cutlass else {"linear"}))
     kernels = CudaKernels(program, variant)
     host = Host(program, "cuda", kernels.launch, custom_library=variant.gemm == "custom")
     body = host.body()
+    layouts = cutlass_gemm.layouts_of([s.op for s in program.steps if s.op is not None]) if cutlass else set()
+    if layouts and "gemm_plain" in host.helpers:
+        host.helpers.add("cutlass")
     ret, params = host.signature()
     forward = [f"{ret} forward(", "    " + ",\n    ".join(params) + ") {", *indent(body, 2), "}"]
     device_code = "\n\n".join(
@@ -1175,6 +1180,7 @@ def emit(
             BRIDGE,
             "using namespace stitch;",
             "",
+            *([cutlass_gemm.DECLARATION, ""] if "cutlass" in host.helpers else []),
             "namespace {",
             device_code,
             "",
@@ -1231,6 +1237,9 @@ def emit(
     binding = binding_source(ext_name, ret, params, "fused CUDA kernels")
     # In name order, as the Coder's answer parser lists an answer's sources (the same program either way).
     files = {BINDING_FILE: binding, HOST_FILE: source, KERNELS_FILE: device}
+    if "cutlass" in host.helpers:
+        files[cutlass_gemm.FILE] = cutlass_gemm.source(ext_name, layouts, BRIDGE, HEADER_NAME)
+        files = dict(sorted(files.items()))
     return files, list(CFLAGS), list(CUDA_CFLAGS), list(LDFLAGS)
 
 

@@ -433,6 +433,17 @@ static void stitch_gemm_launch(const float* A, const float* B, const float* bias
 }
 """
 
+# The same where the program's GEMMs are CUTLASS templates (variant gemm_kernel=cutlass, cutlass_gemm.py):
+# CUTLASS first, the own kernels for a GEMM it cannot take.
+CUDA_GEMM_CUTLASS = r"""
+static void stitch_gemm_launch(const float* A, const float* B, const float* bias, float* C,
+                               const int64_t* dims) {
+  if (dims[0] == 0 || dims[1] == 0 || dims[2] == 0) return;
+  if (stitch_cutlass_gemm(A, B, bias, C, dims)) return;
+  stitch_gemm_with(A, B, bias, C, dims, StitchNoEpi{});
+}
+"""
+
 CAUSAL_CPU = r"""
 // Causal mask of attention scores [..., L, S], in place: -inf where key index > query index.
 static void stitch_causal_fill(at::Tensor& scores) {
@@ -795,7 +806,8 @@ def device_source(helpers: set[str], backend: str) -> str:
     if ("custom" in helpers or "conv" in helpers) and backend == "cuda":
         parts.append(TENSOR_CORES)
     if "custom" in helpers and backend == "cuda":
-        parts.append(CUDA_KERNELS + (CUDA_GEMM_PLAIN if "gemm_plain" in helpers else ""))
+        plain = CUDA_GEMM_CUTLASS if "cutlass" in helpers else CUDA_GEMM_PLAIN
+        parts.append(CUDA_KERNELS + (plain if "gemm_plain" in helpers else ""))
     elif "custom" in helpers:
         parts.append(CPU_KERNELS)
     if "conv" in helpers:

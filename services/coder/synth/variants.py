@@ -32,6 +32,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
     # Products of the own GEMM and convolution kernels on CUDA: 3xTF32 tensor cores (compute capability 8.0
     # and later; float32-class accuracy) or SIMT float32 FMAs.
     "mma": ("tf32x3", "simt"),
+    # The own GEMMs on CUDA: the synthesizer's tiled kernels, or CUTLASS's 3xTF32 tensor-op GEMM instantiated
+    # in the program (cutlass_gemm.py; the convolutions stay the synthesizer's, a GEMM's pointwise tail a
+    # kernel of its own).
+    "gemm_kernel": ("own", "cutlass"),
     # The pointwise kernel over an own GEMM's (nn.Linear) or convolution's output on CUDA (activation,
     # scaling, clamp, residual): inside that kernel's store (one pass over the output) or a kernel after it.
     "epilogue": ("fused", "kernel"),
@@ -54,6 +58,7 @@ class Variant:
     gemm_bias: str = "library"
     conv_bias: str = "epilogue"
     mma: str = "tf32x3"
+    gemm_kernel: str = "own"
     epilogue: str = "fused"
     acc: str = "auto"
     split: str = "auto"
@@ -96,6 +101,7 @@ RELEVANT: dict[str, frozenset[str]] = {
     "gemm_bias": frozenset({"gemm"}),
     "conv_bias": frozenset({"conv"}),
     "mma": frozenset({"gemm", "conv"}),
+    "gemm_kernel": frozenset({"gemm"}),
     "epilogue": frozenset({"gemm", "conv"}),
 }
 
@@ -119,6 +125,10 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
     text = " ".join([verdict.reason, verdict.feedback, " ".join(rules)]).lower()
     if verdict.build.error or (not verdict.compiled and verdict.build.ok is False and verdict.reason):
         # A build failure of generated code: step to the most conservative code shapes.
+        if cuda and previous.gemm_kernel != "own":
+            out.append(
+                (previous.with_(gemm_kernel="own"), "the build failed: the own GEMM kernels, not CUTLASS")
+            )
         out.append((previous.with_(vec="1"), "the build failed: scalar accesses instead of float4"))
         if cuda and previous.gemm == "custom" and previous.epilogue != "kernel":
             out.append(
@@ -133,6 +143,8 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
             out.append(
                 (previous.with_(acc="double"), f"close miss (rel_l2 {worst:.2e} vs {tol:.2e}): double sums")
             )
+        if cuda and previous.gemm_kernel != "own":
+            out.append((previous.with_(gemm_kernel="own"), "mismatch: the own GEMM kernels, not CUTLASS"))
         if cuda and previous.gemm == "custom" and previous.mma != "simt":
             out.append((previous.with_(mma="simt"), "mismatch: SIMT float32 GEMM/convolution products"))
         if cuda and previous.gemm == "custom" and previous.epilogue != "kernel":
@@ -175,6 +187,13 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
                     out.append((previous.with_(row_block=rb), f"row kernels with up to {rb} threads"))
         if previous.split != "off":
             out.append((previous.with_(split="off"), "one block per row, no split reduction"))
+        if previous.gemm == "custom" and previous.gemm_kernel != "cutlass":
+            out.append(
+                (
+                    previous.with_(gemm_kernel="cutlass"),
+                    "GEMMs as CUTLASS 3xTF32 templates, measured against own",
+                )
+            )
         if previous.gemm == "custom" and previous.mma != "simt":
             out.append(
                 (previous.with_(mma="simt"), "own GEMM/convolution on SIMT cores, measured against 3xTF32")

@@ -55,6 +55,27 @@ def test_own_gemm_kernels_can_step_from_tensor_cores_to_simt() -> None:
     assert "gemm=custom,mma=simt" in sigs
 
 
+def test_gemm_programs_try_cutlass_and_step_back_from_it() -> None:
+    """An accepted program with own GEMMs measures CUTLASS's GEMM against them (never where the program has
+    only convolutions); a CUTLASS program that fails to build or mismatches goes back to the own kernels."""
+    ok = verdict(compiled=True, correct=True, accepted=True)
+    ok.profile.bound = "compute"
+    custom = Variant(gemm="custom")
+    picks = next_variants({**custom.as_map(), "features": "gemm"}, ok, cuda=True, count=10)
+    assert "gemm=custom,gemm_kernel=cutlass" in [p.signature() for p, _ in picks]
+    conv_only = next_variants({**custom.as_map(), "features": "conv"}, ok, cuda=True, count=10)
+    assert all(p.gemm_kernel == "own" for p, _ in conv_only)
+    cutlass = custom.with_(gemm_kernel="cutlass")
+    broken = verdict(compiled=False, reason="build failed")
+    broken.build.ok = False
+    broken.build.error = "cutlass_gemm.cu(40): error: no instance of constructor"
+    assert next_variants(cutlass.as_map(), broken, cuda=True, count=1)[0][0] == custom
+    wrong = verdict(compiled=True, correct=False, reason="mismatch")
+    wrong.correctness.max_rel_l2 = 3e-3
+    wrong.correctness.tolerance = 1e-5
+    assert next_variants(cutlass.as_map(), wrong, cuda=True, count=1)[0][0] == custom
+
+
 CONV = """
 import torch
 import torch.nn as nn

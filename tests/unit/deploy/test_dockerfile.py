@@ -229,3 +229,11 @@ def test_generated_protobuf_code_is_in_the_context() -> None:
     assert protos
     for proto in protos:
         assert f"proto/stitchcuda/api/v1/{proto.stem}_pb2.py" in files, proto.name
+
+
+def test_gpu_stage_offers_cutlass_headers_to_candidate_builds() -> None:
+    # The GPU Verifier builds programs that instantiate CUTLASS templates (variant gemm_kernel=cutlass):
+    # its image holds the headers and checks them at build time.
+    runs = " ".join(BY_NAME["cuda"].all("RUN"))
+    assert re.search(r'pip install --no-deps "nvidia-cutlass==[\d.]+"', runs)
+    assert "cutlass.include_dir()" in runs

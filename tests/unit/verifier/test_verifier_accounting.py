@@ -171,6 +171,37 @@ def test_gpu_library_kernel_inside_the_extension_stays_library():
     assert acc.custom_count == 0 and abs(acc.library_ms - 0.080) < 1e-9
 
 
+# A CUTLASS GEMM as the profiler names a template instantiated in the candidate's sources (shortened).
+CUTLASS_GEMM = (
+    "void cutlass::Kernel2<cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::threadblock::MmaMultistage<"
+    "cutlass::gemm::GemmShape<128, 128, 16>, float>, cutlass::epilogue::threadblock::Epilogue<float>, "
+    "cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<1> > >(cutlass::gemm::kernel::GemmUniversal<"
+    "float>::Params)"
+)
+CUTLASS_SOURCES = {
+    "cutlass_gemm.cu": "#include <cutlass/gemm/device/gemm_universal.h>\nbool stitch_cutlass_gemm();\n",
+    "kernels.cu": "__global__ void relu_kernel(float* y) {}\n",
+}
+
+
+def test_cutlass_template_instantiated_in_the_sources_is_custom():
+    symbols = global_symbols(CUTLASS_SOURCES)
+    acc = account(_gpu_named(CUTLASS_GEMM), TOKEN, "cuda", symbols)
+    assert acc.custom_count == 1 and acc.library_ms == 0.0
+
+
+def test_cutlass_named_kernels_without_cutlass_sources_or_from_cublas_stay_library():
+    # The same name where the sources include no CUTLASS header: nothing of theirs could have made it.
+    plain = global_symbols({"kernels.cu": CUTLASS_SOURCES["kernels.cu"]})
+    assert account(_gpu_named(CUTLASS_GEMM), TOKEN, "cuda", plain).custom_count == 0
+    # cuBLAS's CUTLASS-built kernels carry a precompiled type, even where the sources include CUTLASS, and a
+    # kernel of the candidate named like CUTLASS's entry point does not make them its own.
+    symbols = global_symbols({**CUTLASS_SOURCES, "k.cu": "__global__ void Kernel2(float* y) {}\n"})
+    cublas = "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128_16x4_nn_align4>(Params)"
+    acc = account(_gpu_named(cublas), TOKEN, "cuda", symbols)
+    assert acc.custom_count == 0 and abs(acc.library_ms - 0.080) < 1e-9
+
+
 def test_device_copies_stay_out_of_the_compute_shares():
     # A CUDA graph fed by copies: copy-in, the replayed custom kernel, copy-out (clone).
     events = [

@@ -1,0 +1,125 @@
+"""The program's GEMMs as CUTLASS templates instantiated in its sources (CUDA, variant gemm_kernel=cutlass).
+
+CUTLASS's tensor-op GEMM for compute capability 8.0 and later (it runs on Hopper) with the 3xTF32 product
+(`OpMultiplyAddFastF32`: each float split into a TF32 high part and the TF32 rounding of the residual, three
+tensor-core products, float accumulation): float32-class accuracy at tensor-core rates, as the synthesizer's
+own 3xTF32 kernels (libops.TENSOR_CORES). Under the strict kernel policy a CUTLASS template instantiated in
+the candidate's sources is its own kernel (services/verifier/README.md, D6); the Verifier's builder offers
+CUTLASS's headers (stitchcuda.shared.cutlass). The bias rides in CUTLASS's epilogue (C read with a leading
+dimension of 0: the bias row broadcast over the rows); a pointwise tail stays a kernel of its own.
+
+One translation unit of its own (cutlass_gemm.cu), compiled in parallel with the others; it instantiates only
+the operand layouts the program's GEMMs use. At run time a GEMM whose layouts, alignment or sizes CUTLASS
+cannot take (`can_implement`) runs on the synthesizer's own kernels instead.
+"""
+
+from __future__ import annotations
+
+from stitchcuda.coder.synth.ir import LIB, Op
+
+FILE = "cutlass_gemm.cu"
+# Operand layouts: A [M, K] and B [K, N], row-major (unit stride along K for A, N for B) or column-major.
+ROW, COL = "row", "col"
+_LAYOUT = {ROW: "cutlass::layout::RowMajor", COL: "cutlass::layout::ColumnMajor"}
+# The GEMM-backed library ops of a custom program (codegen.Host.lib_expr, libops' stitch_* wrappers).
+GEMM_FNS = frozenset({"linear", "matmul", "mm", "bmm", "addmm", "einsum"})
+
+# The host-side entry point kernels.cu calls before its own kernels (declared there, defined here).
+_PARAMS = "const float* A, const float* B, const float* bias, float* C, const int64_t* dims"
+DECLARATION = f"bool stitch_cutlass_gemm({_PARAMS});"
+
+_TEMPLATE = r"""
+// 128x128 block tiles of 16 along K, 64x64 warp tiles, m16n8k8 TF32 instructions, four pipeline stages
+// (cp.async), operands 16-byte aligned (4 floats); C row-major [batch, M, N].
+template <typename LayoutA, typename LayoutB>
+using StitchCutlassGemm = cutlass::gemm::device::GemmUniversal<
+    float, LayoutA, float, LayoutB, float, cutlass::layout::RowMajor, float, cutlass::arch::OpClassTensorOp,
+    cutlass::arch::Sm80, cutlass::gemm::GemmShape<128, 128, 16>, cutlass::gemm::GemmShape<64, 64, 16>,
+    cutlass::gemm::GemmShape<16, 8, 8>, cutlass::epilogue::thread::LinearCombination<float, 4, float, float>,
+    cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<>, 4, 4, 4,
+    cutlass::arch::OpMultiplyAddFastF32>;
+
+// C[b] = A[b] @ B[b] (+ bias broadcast over the rows). false: CUTLASS cannot take this GEMM (alignment,
+// sizes), nothing launched.
+template <typename LayoutA, typename LayoutB>
+bool stitch_cutlass_run(const float* A, int64_t lda, const float* B, int64_t ldb, const float* bias, float* C,
+                        const int64_t* dims) {
+  using Gemm = StitchCutlassGemm<LayoutA, LayoutB>;
+  const int64_t batch = dims[0], M = dims[1], N = dims[2], K = dims[3];
+  const int64_t limit = int64_t{1} << 30;
+  if (M >= limit || N >= limit || K >= limit || batch >= limit) return false;
+  typename Gemm::Arguments args(
+      batch > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : cutlass::gemm::GemmUniversalMode::kGemm,
+      cutlass::gemm::GemmCoord(static_cast<int>(M), static_cast<int>(N), static_cast<int>(K)),
+      static_cast<int>(batch), {1.f, bias != nullptr ? 1.f : 0.f}, A, B, bias != nullptr ? bias : C, C,
+      dims[4], dims[7], bias != nullptr ? 0 : M * N, M * N, lda, ldb, bias != nullptr ? 0 : N, N);
+  Gemm gemm;
+  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
+  cudaStream_t stream = stitch::current_stream();
+  const size_t bytes = Gemm::get_workspace_size(args);
+  stitch::Scratch workspace(bytes > 0 ? bytes : 1, stream);
+  STITCH_CHECK(gemm.initialize(args, workspace.ptr, stream) == cutlass::Status::kSuccess,
+               "CUTLASS GEMM: initialize failed");
+  STITCH_CHECK(gemm.run(stream) == cutlass::Status::kSuccess, "CUTLASS GEMM: launch failed");
+  STITCH_LAUNCH_CHECK();
+  return true;
+}
+"""
+
+_ENTRY = r"""
+// dims: batch, M, N, K, then the strides sAb, sAm, sAk, sBb, sBk, sBn (stitch_gemm_launch's). A layout is
+// row-major where its unit stride is along K (A) or N (B), column-major where it is along M (A) or K (B).
+bool stitch_cutlass_gemm(__PARAMS__) {
+  const int64_t sAm = dims[5], sAk = dims[6], sBk = dims[8], sBn = dims[9];
+  const bool a_row = sAk == 1, a_col = !a_row && sAm == 1, b_row = sBn == 1, b_col = !b_row && sBk == 1;
+  (void)a_col;
+  (void)b_col;
+__DISPATCH__
+  return false;
+}
+"""
+
+
+def layouts_of(ops: list[Op]) -> set[tuple[str, str]]:
+    """The (A, B) layouts to instantiate for the program's GEMM ops: nn.Linear multiplies by the weight's
+    transpose (B column-major); matmul, mm, bmm, addmm and einsum contractions take B as it is laid out,
+    row-major when contiguous. Other layouts fall back to the own kernels at run time."""
+    found: set[tuple[str, str]] = set()
+    for op in ops:
+        if op.kind == LIB and op.fn in GEMM_FNS:
+            found.add((ROW, COL) if op.fn == "linear" else (ROW, ROW))
+    return found
+
+
+def source(ext_name: str, layouts: set[tuple[str, str]], bridge: str, header: str) -> str:
+    """cutlass_gemm.cu for these layouts; `bridge` declares the stream, scratch memory and checks forward.cpp
+    defines (cuda.BRIDGE), `header` is the program's shared header."""
+    dispatch = [
+        f"  if (a_{a} && b_{b})\n"
+        f"    return stitch_cutlass_run<{_LAYOUT[a]}, {_LAYOUT[b]}>(A, {'sAm' if a == ROW else 'sAk'}, B, "
+        f"{'sBk' if b == ROW else 'sBn'}, bias, C, dims);"
+        for a, b in sorted(layouts)
+    ]
+    return "\n".join(
+        [
+            f"// {ext_name}: synthesized by StitchCUDA's built-in coder (CUDA backend), the GEMMs as CUTLASS",
+            "// templates instantiated here (3xTF32 tensor-op GEMM); kernels.cu calls stitch_cutlass_gemm.",
+            f'#include "{header}"',
+            "",
+            "#include <cuda_runtime.h>",
+            "",
+            "#include <cstdint>",
+            "",
+            "#include <cutlass/cutlass.h>",
+            "#include <cutlass/epilogue/thread/linear_combination.h>",
+            "#include <cutlass/gemm/device/gemm_universal.h>",
+            bridge,
+            "namespace {",
+            _TEMPLATE,
+            "}  // namespace",
+            _ENTRY.replace("__PARAMS__", _PARAMS).replace("__DISPATCH__", "\n".join(dispatch)),
+        ]
+    )
+
+
+__all__ = ["DECLARATION", "FILE", "layouts_of", "source"]

@@ -1,0 +1,174 @@
+"""The program's GEMMs as CUTLASS templates instantiated in its sources (CUDA, variant gemm_kernel=cutlass):
+the unit the synthesizer writes, the layouts it instantiates, what stays as it was (convolutions, the default
+variant), the Verifier's static checks under the strict policy, and nvcc compiling the unit against the
+nvidia-cutlass package's headers as the Verifier's builder does. tests/gpu/test_synth_gpu.py runs them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_coder_cuda_build import NVCC, nvcc_command
+
+from stitchcuda.api.v1 import verify_pb2
+from stitchcuda.coder.synth import cutlass_gemm
+from stitchcuda.coder.synth.synthesizer import Synthesizer, to_candidate
+from stitchcuda.coder.synth.variants import Variant
+from stitchcuda.shared import cutlass
+from stitchcuda.shared.policy import STRICT, KernelPolicy
+from stitchcuda.verifier.static import scan
+
+LINEAR_RELU = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.fc = nn.Linear(n_in, n_out)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x)) * 0.5
+
+def get_inputs():
+    return [torch.randn(64, 96)]
+
+def get_init_inputs():
+    return [96, 80]
+"""
+
+BMM = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return torch.bmm(a, b) + 1.0
+
+def get_inputs():
+    return [torch.randn(3, 40, 24), torch.randn(3, 24, 36)]
+
+def get_init_inputs():
+    return []
+"""
+
+CONV_TANH = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+
+    def forward(self, x):
+        return torch.tanh(self.conv(x))
+
+def get_inputs():
+    return [torch.randn(2, 3, 12, 12)]
+
+def get_init_inputs():
+    return []
+"""
+
+CUTLASS = Variant(gemm="custom", gemm_kernel="cutlass")
+
+
+def synthesize(source: str, variant: Variant) -> dict[str, str]:
+    synthesis = Synthesizer(in_process=True).synthesize(  # references written here: trusted
+        source, None, variant=variant, device="cuda", policy=KernelPolicy(STRICT)
+    )
+    assert list(synthesis.build.sources) == [f for f in synthesis.files if f.endswith((".cpp", ".cu"))]
+    return dict(synthesis.files)
+
+
+def forward_of(files: dict[str, str]) -> str:
+    host = files["forward.cpp"]
+    return host[host.rindex(" forward(") :]
+
+
+def test_linear_becomes_a_cutlass_gemm_with_its_tail_a_kernel() -> None:
+    files = synthesize(LINEAR_RELU, CUTLASS)
+    unit = files[cutlass_gemm.FILE]
+    assert cutlass.used_by([unit])
+    # nn.Linear multiplies by the weight's transpose: A row-major, B column-major, and only that pair.
+    assert "stitch_cutlass_run<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor>" in unit
+    assert unit.count("stitch_cutlass_run<cutlass::layout") == 1
+    assert "cutlass::arch::OpMultiplyAddFastF32" in unit, "3xTF32 products: float32-class accuracy"
+    kernels = files["kernels.cu"]
+    # Declared outside the unnamed namespace (defined in the other unit), tried before the own kernels.
+    assert kernels.index(cutlass_gemm.DECLARATION) < kernels.index("namespace {")
+    launch = kernels[kernels.index("static void stitch_gemm_launch(") :]
+    assert launch.index("stitch_cutlass_gemm(A, B, bias, C, dims)") < launch.index("stitch_gemm_with(")
+    forward = forward_of(files)
+    assert "stitch_linear(" in forward and "_epilogue_launch(" not in forward
+
+
+def test_default_variant_keeps_the_own_gemm_with_the_fused_epilogue() -> None:
+    files = synthesize(LINEAR_RELU, Variant(gemm="custom"))
+    assert cutlass_gemm.FILE not in files
+    assert "stitch_cutlass_gemm" not in files["kernels.cu"]
+    assert "_epilogue_launch(" in forward_of(files)
+    assert not cutlass.used_by(files.values())
+
+
+def test_batched_matmul_instantiates_row_major_operands() -> None:
+    unit = synthesize(BMM, CUTLASS)[cutlass_gemm.FILE]
+    assert "stitch_cutlass_run<cutlass::layout::RowMajor, cutlass::layout::RowMajor>" in unit
+    assert "ColumnMajor>" not in unit
+
+
+def test_convolutions_stay_the_own_kernels_with_their_epilogue() -> None:
+    files = synthesize(CONV_TANH, CUTLASS)
+    assert cutlass_gemm.FILE not in files, "no GEMM: nothing to instantiate"
+    assert "_epilogue_launch(" in forward_of(files)
+
+
+def test_strict_static_checks_accept_the_cutlass_program() -> None:
+    synthesis = Synthesizer(in_process=True).synthesize(
+        LINEAR_RELU, None, variant=CUTLASS, device="cuda", policy=KernelPolicy(STRICT)
+    )
+    findings = scan(to_candidate(synthesis), LINEAR_RELU, (), KernelPolicy(STRICT))
+    rejected = [f"{f.rule}: {f.message}" for f in findings if f.severity == verify_pb2.SEVERITY_REJECT]
+    assert rejected == []
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.skipif(cutlass.include_dir() is None, reason="the nvidia-cutlass package is not installed")
+def test_cutlass_unit_compiles_and_links_to_the_kernels(tmp_path: Path) -> None:
+    files = synthesize(LINEAR_RELU, CUTLASS)
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    flags = cutlass.build_flags(files.values())
+    assert flags == [f"-I{cutlass.include_dir()}"]
+    units = {
+        name: subprocess.Popen(
+            [*nvcc_command(tmp_path / name, tmp_path / f"{name}.o"), *flags],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name in ("kernels.cu", cutlass_gemm.FILE)
+    }
+    for name, proc in units.items():
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"{name}:\n{out[-3000:]}"
+    nm = shutil.which("nm") or "nm"
+
+    def listed(obj: str, kind: str) -> bool:
+        text = subprocess.run([nm, "-C", str(tmp_path / obj)], capture_output=True, text=True, check=True)
+        return any(f" {kind} stitch_cutlass_gemm(" in line for line in text.stdout.splitlines())
+
+    assert listed(f"{cutlass_gemm.FILE}.o", "T"), "the CUTLASS unit defines the entry point"
+    assert listed("kernels.cu.o", "U"), "the kernels' unit calls it"
+
+
+def test_build_flags_name_the_headers_or_say_how_to_get_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = ["#include <cuda_runtime.h>\n__global__ void k() {}"]
+    assert cutlass.build_flags(plain) == []
+    uses = ['#include "cutlass/gemm/device/gemm_universal.h"\n']
+    monkeypatch.setattr(cutlass, "include_dir", lambda: None)
+    with pytest.raises(FileNotFoundError, match="nvidia-cutlass"):
+        cutlass.build_flags(uses)
