@@ -114,3 +114,26 @@ def test_cutlass_gemms_match(synth: Synthesizer, name: str) -> None:
     source, synthesis = build(synth, name, Variant(gemm="custom", gemm_kernel="cutlass"))
     assert any(path.endswith("cutlass_gemm.cu") for path in synthesis.files)
     compare(source, synthesis.files["model_new.py"])
+
+
+CUTLASS_LAYOUTS = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, a, b, c):
+        # Column-major A, row- and column-major B, and a batched GEMM of odd sizes (the own kernels).
+        y = torch.matmul(a.T, b) + torch.matmul(a.T, b.T.contiguous().T)
+        return torch.cat([y.flatten(), torch.bmm(c, c.transpose(1, 2)).flatten()])
+
+def get_inputs():
+    return [torch.randn(520, 264), torch.randn(520, 392), torch.randn(3, 37, 29)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_cutlass_gemms_of_every_layout_match(synth: Synthesizer) -> None:
+    synthesis = build_source(synth, CUTLASS_LAYOUTS, Variant(gemm="custom", gemm_kernel="cutlass"))
+    compare(CUTLASS_LAYOUTS, synthesis.files["model_new.py"])

@@ -1146,7 +1146,8 @@ def emit(
     kernels = CudaKernels(program, variant)
     host = Host(program, "cuda", kernels.launch, custom_library=variant.gemm == "custom")
     body = host.body()
-    layouts = cutlass_gemm.layouts_of([s.op for s in program.steps if s.op is not None]) if cutlass else set()
+    ops = [s.op for s in program.steps if s.op is not None]
+    layouts = cutlass_gemm.layouts_of(program.graph, ops) if cutlass else set()
     if layouts and "gemm_plain" in host.helpers:
         host.helpers.add("cutlass")
     ret, params = host.signature()

@@ -15,7 +15,7 @@ cannot take (`can_implement`) runs on the synthesizer's own kernels instead.
 
 from __future__ import annotations
 
-from stitchcuda.coder.synth.ir import LIB, Op
+from stitchcuda.coder.synth.ir import LIB, Graph, Op, Ref, Value
 
 FILE = "cutlass_gemm.cu"
 # Operand layouts: A [M, K] and B [K, N], row-major (unit stride along K for A, N for B) or column-major.
@@ -80,14 +80,33 @@ __DISPATCH__
 """
 
 
-def layouts_of(ops: list[Op]) -> set[tuple[str, str]]:
-    """The (A, B) layouts to instantiate for the program's GEMM ops: nn.Linear multiplies by the weight's
-    transpose (B column-major); matmul, mm, bmm, addmm and einsum contractions take B as it is laid out,
-    row-major when contiguous. Other layouts fall back to the own kernels at run time."""
+def _layout(value: Value) -> str | None:
+    """A GEMM operand's layout from its traced strides: unit stride along its last dim (row-major), along
+    the one before (column-major), or neither (None). A vector is one row."""
+    if len(value.stride) < 2 or value.stride[-1] == 1 or value.shape[-1] == 1:
+        return ROW
+    return COL if value.stride[-2] == 1 or value.shape[-2] == 1 else None
+
+
+def layouts_of(graph: Graph, ops: list[Op]) -> set[tuple[str, str]]:
+    """The (A, B) layouts to instantiate for the program's GEMM ops, from their operands' traced strides:
+    nn.Linear multiplies by the weight's transpose (B column-major); matmul, mm, bmm and addmm take their
+    operands as laid out (a transposed view is column-major); einsum contractions are row-major (the
+    program arranges their operands). A GEMM of another layout runs on the own kernels."""
     found: set[tuple[str, str]] = set()
     for op in ops:
-        if op.kind == LIB and op.fn in GEMM_FNS:
-            found.add((ROW, COL) if op.fn == "linear" else (ROW, ROW))
+        if op.kind != LIB or op.fn not in GEMM_FNS:
+            continue
+        if op.fn == "linear":
+            found.add((ROW, COL))
+            continue
+        operands = [a for a in op.args if isinstance(a, Ref)][-2:] if op.fn != "einsum" else []
+        if len(operands) != 2:
+            found.add((ROW, ROW))
+            continue
+        a, b = (_layout(graph.values[x.id]) for x in operands)
+        if a is not None and b is not None:
+            found.add((a, b))
     return found
 
 

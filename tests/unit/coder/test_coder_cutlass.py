@@ -73,6 +73,21 @@ def get_init_inputs():
     return []
 """
 
+TRANSPOSED = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return torch.matmul(a.T, b) + torch.matmul(a.T, b.T.contiguous().T)
+
+def get_inputs():
+    return [torch.randn(24, 40), torch.randn(24, 36)]
+
+def get_init_inputs():
+    return []
+"""
+
 CUTLASS = Variant(gemm="custom", gemm_kernel="cutlass")
 
 
@@ -118,6 +133,18 @@ def test_batched_matmul_instantiates_row_major_operands() -> None:
     unit = synthesize(BMM, CUTLASS)[cutlass_gemm.FILE]
     assert "stitch_cutlass_run<cutlass::layout::RowMajor, cutlass::layout::RowMajor>" in unit
     assert "ColumnMajor>" not in unit
+
+
+def test_transposed_operands_instantiate_column_major_layouts() -> None:
+    # a.T is column-major, and so is b.T.contiguous().T (b's values, laid out by columns).
+    unit = synthesize(TRANSPOSED, CUTLASS)[cutlass_gemm.FILE]
+    runs = sorted(
+        line.split("(")[0].strip() for line in unit.splitlines() if "return stitch_cutlass_run<" in line
+    )
+    assert runs == [
+        "return stitch_cutlass_run<cutlass::layout::ColumnMajor, cutlass::layout::ColumnMajor>",
+        "return stitch_cutlass_run<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>",
+    ]
 
 
 def test_convolutions_stay_the_own_kernels_with_their_epilogue() -> None:
