@@ -85,6 +85,16 @@ def test_export_embeds_sources_and_builds_them():
     compile(text, "model_new.py", "exec")
 
 
+def test_export_of_a_cutlass_program_finds_the_headers_where_it_runs():
+    cand = make()
+    cand.build.backend = "cuda"
+    cand.files[1].content = "#include <cutlass/gemm/device/gemm_universal.h>\n// kernel"
+    text = export_standalone(cand)
+    assert "find_spec('cutlass_library')" in text and "+ _CUTLASS_FLAGS," in text
+    compile(text, "model_new.py", "exec")
+    assert "_CUTLASS" not in export_standalone(make()), "nothing added where no CUTLASS header is included"
+
+
 @pytest.mark.parametrize(
     ("mutate", "match"),
     [

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 from verifier_support import FIXTURES, fast_settings
 
+from stitchcuda.shared import cutlass
 from stitchcuda.shared.artifacts import LocalArtifactStore
 from stitchcuda.shared.candidate import read_dir
-from stitchcuda.verifier.build import cache_key, first_error
+from stitchcuda.shared.isolation import system_binds
+from stitchcuda.verifier.build import cache_key, cutlass_flags, first_error
 from stitchcuda.verifier.service import VerifierService
 
 
@@ -74,3 +76,31 @@ def test_broken_build_reports_first_real_error(service: VerifierService):
     assert "undeclared_helper" in result.error
     again = service.build(read_dir(FIXTURES / "broken_build"), device="cpu")
     assert not again.ok and again.cached and again.error == result.error
+
+
+def cutlass_candidate():
+    """A CUDA candidate whose sources include a CUTLASS header (written here; never built in this test)."""
+    cand = read_dir(FIXTURES / "honest_cpu")
+    cand.build.backend = "cuda"
+    source = next(f for f in cand.files if f.path == "elementwise.cpp")
+    source.content = "#include <cutlass/gemm/device/gemm_universal.h>\n" + source.content
+    return cand
+
+
+@pytest.mark.skipif(cutlass.include_dir() is None, reason="the nvidia-cutlass package is not installed")
+def test_a_cuda_build_that_includes_cutlass_gets_its_headers_and_the_sandbox_binds_them(monkeypatch):
+    cand = cutlass_candidate()
+    assert cutlass_flags(cand) == [f"-I{cutlass.include_dir()}"]
+    assert cutlass_flags(read_dir(FIXTURES / "honest_cpu")) == [], "no CUTLASS header, no flag"
+    binds = system_binds(False)
+    assert str(cutlass.package_dir()) in binds, "the builder's sandbox reads the headers"
+    # The headers' version is part of the build's cache key.
+    key = cache_key(cand, "9.0")
+    monkeypatch.setattr(cutlass, "version", lambda: "0.0.1")
+    assert cache_key(cand, "9.0") != key
+
+
+def test_a_cutlass_build_without_the_package_fails_saying_what_to_install(monkeypatch):
+    monkeypatch.setattr(cutlass, "include_dir", lambda: None)
+    with pytest.raises(FileNotFoundError, match=r"stitchcuda\[cuda\]"):
+        cutlass_flags(cutlass_candidate())
