@@ -137,3 +137,25 @@ def get_init_inputs():
 def test_cutlass_gemms_of_every_layout_match(synth: Synthesizer) -> None:
     synthesis = build_source(synth, CUTLASS_LAYOUTS, Variant(gemm="custom", gemm_kernel="cutlass"))
     compare(CUTLASS_LAYOUTS, synthesis.files["model_new.py"])
+
+
+CUTLASS_LONG_K = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return torch.matmul(a, b)
+
+def get_inputs():
+    return [torch.randn(256, 65536), torch.randn(65536, 200)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_cutlass_split_k_gemm_matches(synth: Synthesizer) -> None:
+    """Four output tiles over a K of 65536: the GEMM is split along K (serial split-K, slices added in order)."""
+    synthesis = build_source(synth, CUTLASS_LONG_K, Variant(gemm="custom", gemm_kernel="cutlass"))
+    compare(CUTLASS_LONG_K, synthesis.files["model_new.py"])

@@ -11,6 +11,7 @@ STITCH_KERNELBENCH=$PWD/../.kb2 timeout ${TEST_S:-240} python3 -m pytest -q -m g
   "tests/gpu/test_synth_gpu.py::test_custom_gemm_and_conv_kernels_match" \
   "tests/gpu/test_synth_gpu.py::test_cutlass_gemms_match" \
   "tests/gpu/test_synth_gpu.py::test_cutlass_gemms_of_every_layout_match" \
+  "tests/gpu/test_synth_gpu.py::test_cutlass_split_k_gemm_matches" \
   -n ${XDIST:-10} -p no:cacheprovider -rA 2>&1 | tail -80 > $OUT/pytest.log
 echo "pytest rc ${PIPESTATUS[0]}"; tail -4 $OUT/pytest.log
 timeout ${VARIANT_S:-300} python3 benchmarks/variant_speed.py ${PROBLEMS:-../.kb2/var/12_*.py ../.kb2/var/76_*.py ../.kb2/var/4_*.py ../.kb2/var/5_*.py} \

@@ -6,7 +6,8 @@ tensor-core products, float accumulation): float32-class accuracy at tensor-core
 own 3xTF32 kernels (libops.TENSOR_CORES). Under the strict kernel policy a CUTLASS template instantiated in
 the candidate's sources is its own kernel (services/verifier/README.md, D6); the Verifier's builder offers
 CUTLASS's headers (stitchcuda.shared.cutlass). The bias rides in CUTLASS's epilogue (C read with a leading
-dimension of 0: the bias row broadcast over the rows); a pointwise tail stays a kernel of its own.
+dimension of 0: the bias row broadcast over the rows); a pointwise tail stays a kernel of its own. A GEMM
+whose output tiles leave SMs idle (a long K over a small output) is split along K (serial split-K).
 
 One translation unit of its own (cutlass_gemm.cu), compiled in parallel with the others; it instantiates only
 the operand layouts the program's GEMMs use. At run time a GEMM whose layouts, alignment or sizes CUTLASS
@@ -39,6 +40,13 @@ using StitchCutlassGemm = cutlass::gemm::device::GemmUniversal<
     cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<>, 4, 4, 4,
     cutlass::arch::OpMultiplyAddFastF32>;
 
+int64_t stitch_cutlass_sms() {
+  int device = 0, sms = 0;
+  STITCH_CUDA_CHECK(cudaGetDevice(&device));
+  STITCH_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 // C[b] = A[b] @ B[b] (+ bias broadcast over the rows). false: CUTLASS cannot take this GEMM (alignment,
 // sizes), nothing launched.
 template <typename LayoutA, typename LayoutB>
@@ -48,16 +56,26 @@ bool stitch_cutlass_run(const float* A, int64_t lda, const float* B, int64_t ldb
   const int64_t batch = dims[0], M = dims[1], N = dims[2], K = dims[3];
   const int64_t limit = int64_t{1} << 30;
   if (M >= limit || N >= limit || K >= limit || batch >= limit) return false;
+  // Serial split-K where one GEMM's tiles leave SMs idle (a long K over a small output): up to two blocks
+  // an SM, each slice at least 512 deep; the slices add into C in order (CUTLASS's semaphores).
+  int slices = 1;
+  if (batch == 1) {
+    const int64_t tiles = ((M + 127) / 128) * ((N + 127) / 128), sms = stitch_cutlass_sms();
+    if (tiles < sms)
+      slices = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({(2 * sms) / tiles, K / 512, 64})));
+  }
   typename Gemm::Arguments args(
       batch > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : cutlass::gemm::GemmUniversalMode::kGemm,
       cutlass::gemm::GemmCoord(static_cast<int>(M), static_cast<int>(N), static_cast<int>(K)),
-      static_cast<int>(batch), {1.f, bias != nullptr ? 1.f : 0.f}, A, B, bias != nullptr ? bias : C, C,
-      dims[4], dims[7], bias != nullptr ? 0 : M * N, M * N, lda, ldb, bias != nullptr ? 0 : N, N);
+      static_cast<int>(batch > 1 ? batch : slices), {1.f, bias != nullptr ? 1.f : 0.f}, A, B,
+      bias != nullptr ? bias : C, C, dims[4], dims[7], bias != nullptr ? 0 : M * N, M * N, lda, ldb,
+      bias != nullptr ? 0 : N, N);
   Gemm gemm;
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
   cudaStream_t stream = stitch::current_stream();
   const size_t bytes = Gemm::get_workspace_size(args);
   stitch::Scratch workspace(bytes > 0 ? bytes : 1, stream);
+  if (bytes > 0) STITCH_CUDA_CHECK(cudaMemsetAsync(workspace.ptr, 0, bytes, stream));
   STITCH_CHECK(gemm.initialize(args, workspace.ptr, stream) == cutlass::Status::kSuccess,
                "CUTLASS GEMM: initialize failed");
   STITCH_CHECK(gemm.run(stream) == cutlass::Status::kSuccess, "CUTLASS GEMM: launch failed");
@@ -127,6 +145,7 @@ def source(ext_name: str, layouts: set[tuple[str, str]], bridge: str, header: st
             "",
             "#include <cuda_runtime.h>",
             "",
+            "#include <algorithm>",
             "#include <cstdint>",
             "",
             "#include <cutlass/cutlass.h>",
