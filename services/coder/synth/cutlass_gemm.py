@@ -55,7 +55,13 @@ bool stitch_cutlass_run(const float* A, int64_t lda, const float* B, int64_t ldb
   using Gemm = StitchCutlassGemm<LayoutA, LayoutB>;
   const int64_t batch = dims[0], M = dims[1], N = dims[2], K = dims[3];
   const int64_t limit = int64_t{1} << 30;
-  if (M >= limit || N >= limit || K >= limit || batch >= limit) return false;
+  if (K == 0 || M >= limit || N >= limit || K >= limit || batch >= limit) return false;
+  // CUTLASS loads and stores 4 floats at a time and checks only the sizes (can_implement): leading
+  // dimensions, batch strides and pointers must keep every vector 16-byte aligned.
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (lda % 4 != 0 || ldb % 4 != 0 || (batch > 1 && (dims[4] % 4 != 0 || dims[7] % 4 != 0)) || !aligned(A) ||
+      !aligned(B) || !aligned(C) || (bias != nullptr && !aligned(bias)))
+    return false;
   // Serial split-K where one GEMM's tiles leave SMs idle (a long K over a small output): up to two blocks
   // an SM, each slice at least 512 deep; the slices add into C in order (CUTLASS's semaphores).
   int slices = 1;
