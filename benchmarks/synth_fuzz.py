@@ -6,8 +6,8 @@ disagree with PyTorch, and which CUDA programs nvcc refuses.
 Each problem is a KernelBench-format reference written here from a small grammar: an optional head (Linear,
 Conv2d, ConvTranspose2d, Conv3d) and a tail of two to five operations of the kinds levels 1-2 combine
 (activations, scalings, broadcast parameters, reductions and logsumexp over a dim, softmax, GroupNorm,
-InstanceNorm, BatchNorm in training mode, LayerNorm, pooling, residuals). Per problem: the strict CPU program is
-built and compared with float64 PyTorch on fresh inputs (the Verifier's rule: relative L2 within 1e-5 or ten
+InstanceNorm, BatchNorm in training mode, LayerNorm, pooling, residuals). Per problem: the strict CPU program
+is built and compared with float64 PyTorch on fresh inputs (the Verifier's rule: relative L2 within 1e-5 or ten
 times the float32 reference's own error); with --cuda the strict CUDA program's kernels.cu goes through nvcc.
 Tunes mechanisms, not problems: nothing here is a KernelBench file. Prints one line per problem and a summary.
 """
@@ -243,22 +243,9 @@ def check_cuda(synth: Synthesizer, source: str, root: Path) -> str:
     for path, content in synthesis.files.items():
         (folder / path).write_text(content)
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    done = subprocess.run(
-        [
-            nvcc,
-            "-c",
-            str(folder / "kernels.cu"),
-            "-o",
-            str(folder / "kernels.o"),
-            "-O1",
-            "-std=c++17",
-            "--expt-relaxed-constexpr",
-            "-gencode=arch=compute_90,code=sm_90",
-        ],  # fmt: skip
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    flags = ["-O1", "-std=c++17", "--expt-relaxed-constexpr", "-gencode=arch=compute_90,code=sm_90"]
+    command = [nvcc, "-c", str(folder / "kernels.cu"), "-o", str(folder / "kernels.o"), *flags]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         errors = [line for line in done.stderr.splitlines() if "error" in line]
         return "nvcc: " + (errors[0] if errors else done.stderr[-200:])[:200]
@@ -294,9 +281,8 @@ def main() -> None:
             if status != "ok" and args.keep:
                 args.keep.mkdir(parents=True, exist_ok=True)
                 (args.keep / f"fuzz_{args.seed}_{i}.py").write_text(source)
-    print(
-        f"{args.count} problems: {counts['ok']} ok, {counts['unsupported']} unsupported, {counts['failed']} failed"
-    )
+    ok, unsupported, failed = counts["ok"], counts["unsupported"], counts["failed"]
+    print(f"{args.count} problems: {ok} ok, {unsupported} unsupported, {failed} failed")
 
 
 if __name__ == "__main__":
