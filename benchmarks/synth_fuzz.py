@@ -9,7 +9,7 @@ Conv2d, ConvTranspose2d, Conv3d) and a tail of two to five operations of the kin
 InstanceNorm, BatchNorm in training mode, LayerNorm, pooling, residuals). Per problem: the strict CPU program
 is built and compared with float64 PyTorch on fresh inputs (the Verifier's rule: relative L2 within 1e-5 or
 ten times the float32 reference's own error); with --cuda the strict CUDA program's kernels.cu goes through
-nvcc. Tunes mechanisms, not problems: nothing here is a KernelBench file. One line per problem, then a summary.
+nvcc. Tunes mechanisms, not problems: nothing here is a KernelBench file. A line per problem, then a summary.
 """
 
 from __future__ import annotations
