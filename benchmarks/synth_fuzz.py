@@ -93,6 +93,13 @@ POINTWISE = [
     ("hardtanh", "F.hardtanh(x, -0.5, 0.5)"),
     ("softplus", "F.softplus(x)"),
     ("elu", "F.elu(x)"),
+    ("hardsigmoid", "F.hardsigmoid(x)"),
+    ("selu", "torch.selu(x)"),
+    ("softsign", "F.softsign(x)"),
+    ("gelu_tanh", "F.gelu(x, approximate='tanh')"),
+    ("where", "torch.where(x > 0, x, x * 0.2)"),
+    ("pow", "x.pow(2) / torch.sqrt(x.abs() + 1e-3)"),
+    ("exp_log", "torch.log(torch.exp(x * 0.5) + 1.0)"),
 ]
 
 
@@ -103,6 +110,13 @@ def tail_op(rng: random.Random, p: Problem) -> None:
         choices += ["groupnorm", "instancenorm", "batchnorm", "pool", "gap"]
     if rank == 2 and c > 1:
         choices += ["layernorm", "batchnorm1d"]
+    choices += ["max_values", "normalize", "cumsum", "norm", "cat"]
+    if c % 2 == 0:
+        choices.append("glu")
+    if rank == 4:
+        choices.append("flatten_linear")
+    if rank == 2:
+        choices.append("matmul_param")
     kind = rng.choice(choices)
     if kind == "pointwise":
         name, text = rng.choice(POINTWISE)
@@ -125,6 +139,38 @@ def tail_op(rng: random.Random, p: Problem) -> None:
     elif kind == "softmax":
         dim = rng.choice([1, -1])
         p.step(f"torch.{rng.choice(['softmax', 'log_softmax'])}(x, dim={dim})", f"softmax({dim})")
+    elif kind == "max_values":
+        fn = rng.choice(["max", "min"])
+        p.step(f"torch.{fn}(x, dim=1, keepdim=True)[0]", f"{fn}(dim=1).values")
+        p.shape[1] = 1
+    elif kind == "normalize":
+        p.step("F.normalize(x, dim=1)", "normalize(dim=1)")
+    elif kind == "cumsum":
+        p.step(f"torch.cumsum(x, dim={rank - 1})", "cumsum")
+    elif kind == "norm":
+        p.step("x / (torch.norm(x, dim=1, keepdim=True) + 1e-4)", "x/norm(dim=1)")
+    elif kind == "cat":
+        p.step("torch.cat([x, x * 0.5], dim=1)", "cat(dim=1)")
+        p.shape[1] *= 2
+    elif kind == "glu":
+        p.body.append("a, b = x.chunk(2, dim=1)")
+        p.step("a * torch.sigmoid(b)", "chunk+glu")
+        p.shape[1] //= 2
+    elif kind == "flatten_linear":
+        features = c * p.shape[2] * p.shape[3]
+        if features > 4096:
+            p.step("torch.mean(x, dim=(2, 3))", "mean(dim=(2,3))")
+            features = c
+        else:
+            p.step("x.flatten(1)", "flatten")
+        n_out = rng.choice([16, 24])
+        p.step(f"{p.layer(f'nn.Linear({features}, {n_out})')}(x)", "linear")
+        p.shape = [p.shape[0], n_out]
+    elif kind == "matmul_param":
+        n_out = rng.choice([8, 20])
+        weight = p.layer(f"nn.Parameter(torch.randn({c}, {n_out}) * 0.2)")
+        p.step(f"torch.matmul(x, {weight})", "matmul(param)")
+        p.shape[1] = n_out
     elif kind == "center":
         p.step("x - x.mean(dim=1, keepdim=True)", "center")
     elif kind == "groupnorm":
