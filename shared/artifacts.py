@@ -149,6 +149,11 @@ class Keys:
         return f"{Keys.job(tenant, job_id)}/result/{name}"
 
     @staticmethod
+    def tuned(tenant: str, device: str, problem: str) -> str:
+        # The best variant a tenant's jobs verified for one problem (reference and policy hash) and device.
+        return f"tenants/{tenant}/tuned/{device}/{problem}.json"
+
+    @staticmethod
     def build_cache(content_hash: str) -> str:
         # Shared by all tenants: the key is a hash of the sources, flags and toolchain, so a hit
         # reveals nothing a tenant did not already hold.

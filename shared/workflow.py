@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from stitchcuda.api.v1 import code_pb2, jobs_pb2, messages_pb2, plan_pb2, verify_pb2
-from stitchcuda.shared import metrics, pipeline, report, trajectory
+from stitchcuda.shared import metrics, pipeline, report, trajectory, tuned
 from stitchcuda.shared import policy as kernel_policy
 from stitchcuda.shared.artifacts import ArtifactStore, Keys
 from stitchcuda.shared.candidate import export_standalone
@@ -468,6 +468,8 @@ class Workflow:
             if action.base is None:
                 self._prefetch_reference(job, state, action.round)
             req = env.coder_request
+            if action.base is None:
+                self._start_from_tuned(job, req)
             req.skill = code_pb2.SKILL_GENERATE if action.base is None else code_pb2.SKILL_OPTIMIZE
             req.reference_key = Keys.reference(tenant, jid)
             req.plan_key = Keys.plan(tenant, jid, state.replans)
@@ -499,6 +501,31 @@ class Workflow:
             self._write_result(job, state, action.reason)
         elif action.type in (pipeline.ActionType.FAIL, pipeline.ActionType.CANCELLED):
             self._write_report(job, state, action.reason)
+
+    def _reference_text(self, job: jobs_pb2.Job) -> str:
+        if job.spec.reference_source:
+            return job.spec.reference_source
+        return self.artifacts.get(Keys.reference(job.tenant_id, job.job_id)).decode()
+
+    def _start_from_tuned(self, job: jobs_pb2.Job, req: code_pb2.CoderRequest) -> None:
+        """A generate round of the built-in Coder starts from the best variant an earlier job of the same
+        problem, device and policy verified (shared/tuned.py), where there is one."""
+        if (job.spec.options.coder_backend or "builtin") != "builtin":
+            return
+        try:
+            found = tuned.lookup(
+                self.artifacts,
+                job.tenant_id,
+                job.spec.device,
+                self._reference_text(job),
+                job.spec.options.kernel_policy,
+            )
+        except Exception as exc:  # a store we cannot read costs only the head start
+            log.warning("tuned variants unavailable: %s", exc)
+            return
+        if found is not None:
+            req.start_variant.update(found.variant)
+            req.start_reason = found.reason()
 
     def _prefetch_reference(self, job: jobs_pb2.Job, state: pipeline.LoopState, round_: int) -> None:
         """Asks the verifier to compute the reference's results now, so the first verification finds them
@@ -544,6 +571,10 @@ class Workflow:
         job.status.best_speedup_vs_eager = verdict.speedup_vs_eager
         job.status.best_speedup_vs_compile = verdict.speedup_vs_compile
         job.status.best_candidate_id = candidate.candidate_id
+        try:
+            tuned.record(self.artifacts, job, self._reference_text(job), candidate, verdict)
+        except Exception as exc:  # the result stands; only the next job's head start is lost
+            log.warning("could not record the tuned variant of %s: %s", job.job_id, exc)
         self.jobs.put(job)
         self._write_report(job, state, reason)
 

@@ -117,7 +117,11 @@ class CoderService:
         job_id: str = "",
         round_: int = 0,
         policy: KernelPolicy | None = None,
+        start: dict[str, str] | None = None,
+        start_reason: str = "",
     ) -> list[code_pb2.Candidate]:
+        """The first round's candidates; the built-in Coder's first is `start` where given (the best variant
+        an earlier job of this problem verified, shared/tuned.py), its default variant otherwise."""
         backend = _check_backend(backend)
         samples = max(1, samples)
         target = target_device(plan)
@@ -126,8 +130,8 @@ class CoderService:
             return self.llm_coder(policy).generate(
                 reference_source, plan, target=target, samples=samples, job_id=job_id, round_=round_
             )
-        first = within_policy(self.default_variant, policy)
-        variants = [(first, "default variant")]
+        first = within_policy(Variant.from_map(start) if start else self.default_variant, policy)
+        variants = [(first, (start_reason or "tuned variant") if start else "default variant")]
         for change in GENERATE_ALTERNATIVES[target]:
             if len(variants) >= samples:
                 break

@@ -72,4 +72,6 @@ class CoderWorker(BaseWorker):
             job_id=env.job_id,
             round_=env.round,
             policy=policy,
+            start=dict(req.start_variant),
+            start_reason=req.start_reason,
         )

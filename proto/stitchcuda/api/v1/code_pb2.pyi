@@ -239,6 +239,26 @@ Global___Candidate: _TypeAlias = Candidate  # noqa: Y015
 class CoderRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class StartVariantEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     SKILL_FIELD_NUMBER: _builtins.int
     REFERENCE_KEY_FIELD_NUMBER: _builtins.int
     PLAN_KEY_FIELD_NUMBER: _builtins.int
@@ -247,6 +267,8 @@ class CoderRequest(_message.Message):
     SAMPLES_FIELD_NUMBER: _builtins.int
     BACKEND_FIELD_NUMBER: _builtins.int
     KERNEL_POLICY_FIELD_NUMBER: _builtins.int
+    START_VARIANT_FIELD_NUMBER: _builtins.int
+    START_REASON_FIELD_NUMBER: _builtins.int
     skill: Global___Skill.ValueType
     reference_key: _builtins.str
     plan_key: _builtins.str
@@ -256,6 +278,13 @@ class CoderRequest(_message.Message):
     backend: _builtins.str
     kernel_policy: _builtins.str
     """The job's kernel policy ("" or "strict", or "library"): the Coder never writes a program it rejects."""
+    start_reason: _builtins.str
+    @_builtins.property
+    def start_variant(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Generate: the built-in Coder's first variant, the best one an earlier job of the same problem, device
+        and policy verified (shared/tuned.py); empty: its default. start_reason says where it comes from.
+        """
+
     def __init__(
         self,
         *,
@@ -267,10 +296,12 @@ class CoderRequest(_message.Message):
         samples: _builtins.int = ...,
         backend: _builtins.str = ...,
         kernel_policy: _builtins.str = ...,
+        start_variant: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        start_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "kernel_policy", b"kernel_policy", "plan_key", b"plan_key", "previous_candidate_key", b"previous_candidate_key", "previous_verdict_key", b"previous_verdict_key", "reference_key", b"reference_key", "samples", b"samples", "skill", b"skill"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "kernel_policy", b"kernel_policy", "plan_key", b"plan_key", "previous_candidate_key", b"previous_candidate_key", "previous_verdict_key", b"previous_verdict_key", "reference_key", b"reference_key", "samples", b"samples", "skill", b"skill", "start_reason", b"start_reason", "start_variant", b"start_variant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
