@@ -27,7 +27,10 @@ GEMM_FNS = frozenset({"linear", "matmul", "mm", "bmm", "addmm", "einsum"})
 
 # The host-side entry point kernels.cu calls before its own kernels (declared there, defined here).
 _PARAMS = "const float* A, const float* B, const float* bias, float* C, const int64_t* dims"
-DECLARATION = f"bool stitch_cutlass_gemm({_PARAMS});"
+# Hidden: linked between the program's units, never exported from its .so, so two programs loaded in one
+# process (a benchmark, a test session) never bind each other's entry point or CUTLASS instantiations.
+_HIDDEN = '__attribute__((visibility("hidden")))'
+DECLARATION = f"{_HIDDEN} bool stitch_cutlass_gemm({_PARAMS});"
 
 _TEMPLATE = r"""
 // 128x128 block tiles of 16 along K, 64x64 warp tiles, m16n8k8 TF32 instructions, four pipeline stages
@@ -93,7 +96,7 @@ bool stitch_cutlass_run(const float* A, int64_t lda, const float* B, int64_t ldb
 _ENTRY = r"""
 // dims: batch, M, N, K, then the strides sAb, sAm, sAk, sBb, sBk, sBn (stitch_gemm_launch's). A layout is
 // row-major where its unit stride is along K (A) or N (B), column-major where it is along M (A) or K (B).
-bool stitch_cutlass_gemm(__PARAMS__) {
+__HIDDEN__ bool stitch_cutlass_gemm(__PARAMS__) {
   const int64_t sAm = dims[5], sAk = dims[6], sBk = dims[8], sBn = dims[9];
   const bool a_row = sAk == 1, a_col = !a_row && sAm == 1, b_row = sBn == 1, b_col = !b_row && sBk == 1;
   (void)a_col;
@@ -154,6 +157,8 @@ def source(ext_name: str, layouts: set[tuple[str, str]], bridge: str, header: st
             "#include <algorithm>",
             "#include <cstdint>",
             "",
+            "// Every CUTLASS symbol this unit instantiates stays inside the program's .so.",
+            "#pragma GCC visibility push(hidden)",
             "#include <cutlass/cutlass.h>",
             "#include <cutlass/epilogue/thread/linear_combination.h>",
             "#include <cutlass/gemm/device/gemm_universal.h>",
@@ -161,7 +166,10 @@ def source(ext_name: str, layouts: set[tuple[str, str]], bridge: str, header: st
             "namespace {",
             _TEMPLATE,
             "}  // namespace",
-            _ENTRY.replace("__PARAMS__", _PARAMS).replace("__DISPATCH__", "\n".join(dispatch)),
+            _ENTRY.replace("__PARAMS__", _PARAMS)
+            .replace("__HIDDEN__", _HIDDEN)
+            .replace("__DISPATCH__", "\n".join(dispatch)),
+            "#pragma GCC visibility pop",
         ]
     )
 
