@@ -434,13 +434,20 @@ static void stitch_gemm_launch(const float* A, const float* B, const float* bias
 """
 
 # The same where the program's GEMMs are CUTLASS templates (variant gemm_kernel=cutlass, cutlass_gemm.py):
-# CUTLASS first (its tensor-op kernels need compute capability 8.0, and mma=simt keeps off tensor cores), the
-# own kernels for a GEMM it cannot take.
+# CUTLASS first where the device has its tensor cores (compute capability 8.0; the variant mma governs only
+# the own kernels), the own kernels for a GEMM it cannot take.
 CUDA_GEMM_CUTLASS = r"""
+static bool stitch_cutlass_device() {
+  int device = 0, major = 0;
+  STITCH_CUDA_CHECK(cudaGetDevice(&device));
+  STITCH_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major >= 8;
+}
+
 static void stitch_gemm_launch(const float* A, const float* B, const float* bias, float* C,
                                const int64_t* dims) {
   if (dims[0] == 0 || dims[1] == 0 || dims[2] == 0) return;
-  if (stitch_tensor_cores() && stitch_cutlass_gemm(A, B, bias, C, dims)) return;
+  if (stitch_cutlass_device() && stitch_cutlass_gemm(A, B, bias, C, dims)) return;
   stitch_gemm_with(A, B, bias, C, dims, StitchNoEpi{});
 }
 """

@@ -29,16 +29,21 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "gemm_bias": ("library", "epilogue"),
     # The bias of a convolution: in the epilogue kernel or inside the library call.
     "conv_bias": ("epilogue", "library"),
-    # Products of the own GEMM and convolution kernels on CUDA: 3xTF32 tensor cores (compute capability 8.0
-    # and later; float32-class accuracy) or SIMT float32 FMAs.
-    "mma": ("tf32x3", "simt"),
-    # The own GEMMs on CUDA: the synthesizer's tiled kernels, or CUTLASS's 3xTF32 tensor-op GEMM instantiated
-    # in the program (cutlass_gemm.py; the convolutions stay the synthesizer's, a GEMM's pointwise tail a
-    # kernel of its own).
-    "gemm_kernel": ("own", "cutlass"),
+    # Products of the own GEMM and convolution kernels on CUDA: SIMT float32 FMAs or 3xTF32 tensor cores
+    # through WMMA (compute capability 8.0 and later; float32-class accuracy). SIMT first: on the H200 the
+    # WMMA kernels ran at half its rate (benchmarks/results/gpu_stop35: level-2 problem 4 0.39x vs 0.78x
+    # eager, a 4096^3 GEMM 0.44x vs 0.62x).
+    "mma": ("simt", "tf32x3"),
+    # The own GEMMs on CUDA: CUTLASS's 3xTF32 tensor-op GEMM instantiated in the program (cutlass_gemm.py; a
+    # GEMM's pointwise tail a kernel of its own) or the synthesizer's tiled kernels. CUTLASS first: the
+    # fastest float32-accurate GEMM measured on the H200 (0.62-0.64x cuBLAS's SGEMM where the own reached
+    # 0.42-0.62x, 0.52x where a long K left the own at 0.02x). Convolutions stay the synthesizer's.
+    "gemm_kernel": ("cutlass", "own"),
     # The pointwise kernel over an own GEMM's (nn.Linear) or convolution's output on CUDA (activation,
-    # scaling, clamp, residual): inside that kernel's store (one pass over the output) or a kernel after it.
-    "epilogue": ("fused", "kernel"),
+    # scaling, clamp, residual): a kernel after it, or inside its store (one pass over the output). A kernel
+    # first: inside the store, the convolutions measured on the H200 ran slower (problem 4: 46.2 ms vs
+    # 37.7 ms, problem 5: 24.8 ms vs 23.4 ms, 3xTF32 kernels); tuning tries the store.
+    "epilogue": ("kernel", "fused"),
     # Accumulator of sums: auto (double on CPU and for split reductions, float otherwise), float, double.
     "acc": ("auto", "double", "float"),
     # Split long reductions over several blocks/threads when there are few rows.
@@ -57,9 +62,9 @@ class Variant:
     gemm: str = "library"
     gemm_bias: str = "library"
     conv_bias: str = "epilogue"
-    mma: str = "tf32x3"
-    gemm_kernel: str = "own"
-    epilogue: str = "fused"
+    mma: str = "simt"
+    gemm_kernel: str = "cutlass"
+    epilogue: str = "kernel"
     acc: str = "auto"
     split: str = "auto"
     grain: str = "32768"
@@ -125,7 +130,7 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
     text = " ".join([verdict.reason, verdict.feedback, " ".join(rules)]).lower()
     if verdict.build.error or (not verdict.compiled and verdict.build.ok is False and verdict.reason):
         # A build failure of generated code: step to the most conservative code shapes.
-        if cuda and previous.gemm_kernel != "own":
+        if cuda and previous.gemm == "custom" and previous.gemm_kernel != "own":
             out.append(
                 (previous.with_(gemm_kernel="own"), "the build failed: the own GEMM kernels, not CUTLASS")
             )
@@ -143,7 +148,7 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
             out.append(
                 (previous.with_(acc="double"), f"close miss (rel_l2 {worst:.2e} vs {tol:.2e}): double sums")
             )
-        if cuda and previous.gemm_kernel != "own":
+        if cuda and previous.gemm == "custom" and previous.gemm_kernel != "own":
             out.append((previous.with_(gemm_kernel="own"), "mismatch: the own GEMM kernels, not CUTLASS"))
         if cuda and previous.gemm == "custom" and previous.mma != "simt":
             out.append((previous.with_(mma="simt"), "mismatch: SIMT float32 GEMM/convolution products"))
@@ -187,24 +192,14 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
                     out.append((previous.with_(row_block=rb), f"row kernels with up to {rb} threads"))
         if previous.split != "off":
             out.append((previous.with_(split="off"), "one block per row, no split reduction"))
-        if previous.gemm == "custom" and previous.gemm_kernel != "cutlass":
-            out.append(
-                (
-                    previous.with_(gemm_kernel="cutlass"),
-                    "GEMMs as CUTLASS 3xTF32 templates, measured against own",
-                )
-            )
-        if previous.gemm == "custom" and previous.mma != "simt":
-            out.append(
-                (previous.with_(mma="simt"), "own GEMM/convolution on SIMT cores, measured against 3xTF32")
-            )
-        if previous.gemm == "custom" and previous.epilogue != "kernel":
-            out.append(
-                (
-                    previous.with_(epilogue="kernel"),
-                    "GEMM/convolution epilogues as kernels of their own, measured",
-                )
-            )
+        if previous.gemm == "custom":
+            other = "own" if previous.gemm_kernel == "cutlass" else "cutlass"
+            out.append((previous.with_(gemm_kernel=other), f"GEMMs as the {other} kernels, measured"))
+            other = "tf32x3" if previous.mma == "simt" else "simt"
+            out.append((previous.with_(mma=other), f"own GEMM/convolution products on {other}, measured"))
+            other = "fused" if previous.epilogue == "kernel" else "kernel"
+            where = "inside the store" if other == "fused" else "as kernels of their own"
+            out.append((previous.with_(epilogue=other), f"GEMM/convolution epilogues {where}, measured"))
         if previous.gemm_bias != "epilogue":
             out.append((previous.with_(gemm_bias="epilogue"), "bias fused into the epilogue kernel"))
         if previous.conv_bias != "library" and previous.gemm != "custom":

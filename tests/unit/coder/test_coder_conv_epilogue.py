@@ -59,8 +59,13 @@ def forward_of(files: dict[str, str]) -> str:
     return host[host.rindex(" forward(") :]
 
 
+# Epilogues inside the store: a variant the optimize skill tries (the default keeps them as kernels since the
+# H200's measurements), with the own GEMM kernels (a CUTLASS GEMM keeps its tail as a kernel).
+FUSED = {"epilogue": "fused", "gemm_kernel": "own"}
+
+
 def test_each_pointwise_kernel_over_a_convolution_runs_in_its_store(synth: Synthesizer) -> None:
-    files = program(synth, FUSABLE)
+    files = program(synth, FUSABLE, **FUSED)
     forward, kernels = forward_of(files), files["kernels.cu"]
     assert forward.count("stitch_conv_prepare(") == 2 and forward.count("stitch_linear_prepare(") == 1
     assert len(re.findall(r"\bk\d+_epilogue_launch\(", forward)) == 3
@@ -76,13 +81,16 @@ def test_each_pointwise_kernel_over_a_convolution_runs_in_its_store(synth: Synth
 
 
 def test_a_convolution_another_step_reads_stays_a_launch_of_its_own(synth: Synthesizer) -> None:
-    files = program(synth, SHARED)
+    files = program(synth, SHARED, **FUSED)
     forward = forward_of(files)
     assert "stitch_conv(" in forward and "stitch_conv_prepare(" not in forward
     assert "void stitch_conv_launch(" in files["kernels.cu"]
 
 
-@pytest.mark.parametrize(("device", "variant"), [("cuda", {"epilogue": "kernel"}), ("cpu", {})])
+@pytest.mark.parametrize(
+    ("device", "variant"),
+    [("cuda", {}), ("cuda", {"epilogue": "kernel", "gemm_kernel": "own"}), ("cpu", FUSED)],
+)
 def test_separate_kernels_where_the_variant_or_the_device_says_so(
     synth: Synthesizer, device: str, variant: dict[str, str]
 ) -> None:
@@ -98,7 +106,7 @@ def test_fused_programs_compile(synth: Synthesizer, tmp_path: Path) -> None:
     """kernels.cu with nvcc (every convolution kernel instantiated with each epilogue functor), forward.cpp
     parsed against this torch's headers."""
     candidate = to_candidate(
-        synth.synthesize(FUSABLE, None, variant=Variant(), device="cuda", policy=KernelPolicy(STRICT))
+        synth.synthesize(FUSABLE, None, variant=Variant(**FUSED), device="cuda", policy=KernelPolicy(STRICT))
     )
     folder = tmp_path / "program"
     write_dir(candidate, folder)

@@ -40,40 +40,50 @@ def test_close_numerical_miss_asks_for_double_accumulators() -> None:
 
 
 def test_own_gemm_kernels_can_step_from_tensor_cores_to_simt() -> None:
-    """A mismatch of a program with its own GEMM/convolution kernels, or an accepted one to measure, tries the
-    SIMT float32 products against the 3xTF32 tensor cores; a library program never does (nothing changes)."""
+    """A mismatch of a program whose own GEMM/convolution kernels run on 3xTF32 tensor cores tries SIMT float32
+    (the default since the H200's measurements); a library program never does (nothing changes); tuning an
+    accepted program measures the other products, GEMM kernel and epilogue placement."""
     v = verdict(compiled=True, correct=False, reason="mismatch")
     v.correctness.max_rel_l2 = 3e-3
     v.correctness.tolerance = 1e-5
-    custom = Variant(gemm="custom")
-    picks = next_variants({**custom.as_map(), "features": "gemm,conv"}, v, cuda=True, count=2)
+    tensor = Variant(gemm="custom", gemm_kernel="own", mma="tf32x3")
+    picks = next_variants({**tensor.as_map(), "features": "gemm,conv"}, v, cuda=True, count=2)
     assert picks[0][0].mma == "simt" and "SIMT" in picks[0][1]
-    assert all(p.mma == "tf32x3" for p, _ in next_variants(Variant().as_map(), v, cuda=True, count=5))
+    assert all(p.mma == "simt" for p, _ in next_variants(Variant().as_map(), v, cuda=True, count=5))
     ok = verdict(compiled=True, correct=True, accepted=True)
     ok.profile.bound = "compute"
+    custom = Variant(gemm="custom")
     sigs = [p.signature() for p, _ in next_variants(custom.as_map(), ok, cuda=True, count=10)]
-    assert "gemm=custom,mma=simt" in sigs
+    assert {"gemm=custom,mma=tf32x3", "gemm=custom,gemm_kernel=own", "gemm=custom,epilogue=fused"} <= set(
+        sigs
+    )
 
 
 def test_gemm_programs_try_cutlass_and_step_back_from_it() -> None:
-    """An accepted program with own GEMMs measures CUTLASS's GEMM against them (never where the program has
-    only convolutions); a CUTLASS program that fails to build or mismatches goes back to the own kernels."""
+    """An accepted program with own GEMM kernels measures CUTLASS's GEMM against them (never where the program
+    has only convolutions); a CUTLASS program (the default) that fails to build or mismatches goes back to the
+    own kernels first."""
     ok = verdict(compiled=True, correct=True, accepted=True)
     ok.profile.bound = "compute"
-    custom = Variant(gemm="custom")
-    picks = next_variants({**custom.as_map(), "features": "gemm"}, ok, cuda=True, count=10)
-    assert "gemm=custom,gemm_kernel=cutlass" in [p.signature() for p, _ in picks]
-    conv_only = next_variants({**custom.as_map(), "features": "conv"}, ok, cuda=True, count=10)
+    own = Variant(gemm="custom", gemm_kernel="own")
+    picks = next_variants({**own.as_map(), "features": "gemm"}, ok, cuda=True, count=10)
+    assert "gemm=custom" in [p.signature() for p, _ in picks], "back to the default CUTLASS GEMM"
+    conv_only = next_variants({**own.as_map(), "features": "conv"}, ok, cuda=True, count=10)
     assert all(p.gemm_kernel == "own" for p, _ in conv_only)
-    cutlass = custom.with_(gemm_kernel="cutlass")
+    cutlass = Variant(gemm="custom")
+    assert cutlass.gemm_kernel == "cutlass"
     broken = verdict(compiled=False, reason="build failed")
     broken.build.ok = False
     broken.build.error = "cutlass_gemm.cu(40): error: no instance of constructor"
-    assert next_variants(cutlass.as_map(), broken, cuda=True, count=1)[0][0] == custom
+    assert next_variants(cutlass.as_map(), broken, cuda=True, count=1)[0][0] == own
     wrong = verdict(compiled=True, correct=False, reason="mismatch")
     wrong.correctness.max_rel_l2 = 3e-3
     wrong.correctness.tolerance = 1e-5
-    assert next_variants(cutlass.as_map(), wrong, cuda=True, count=1)[0][0] == custom
+    assert next_variants(cutlass.as_map(), wrong, cuda=True, count=1)[0][0] == own
+    # A library program's GEMMs are cuBLAS's: the knob changes nothing there, so it is never proposed.
+    assert all(
+        p.gemm_kernel == "cutlass" for p, _ in next_variants(Variant().as_map(), broken, cuda=True, count=5)
+    )
 
 
 CONV = """
