@@ -126,22 +126,26 @@ def synth() -> Synthesizer:
 
 
 @pytest.mark.parametrize("name", list(PROBLEMS))
-def test_own_convolution_and_einsum_kernels_match(synth: Synthesizer, name: str) -> None:
+@pytest.mark.parametrize("mma", ["simt", "tf32x3"])
+def test_own_convolution_and_einsum_kernels_match(synth: Synthesizer, name: str, mma: str) -> None:
+    """The default program (SIMT float32 products since stop 35) and the 3xTF32 tensor-core kernels."""
     source = PROBLEMS[name]
-    synthesis = build_source(synth, source, Variant())
+    synthesis = build_source(synth, source, Variant(mma=mma))
     host = synthesis.files["forward.cpp"]
     assert any(
-        f"stitch_{call}" in host for call in ("conv(", "conv_prepare(", "einsum_gemm(", "linear_prepare(")
+        f"stitch_{call}" in host
+        for call in ("conv(", "conv_prepare(", "einsum_gemm(", "linear(", "linear_prepare(")
     )
     assert "at::conv" not in host and "at::einsum" not in host and "at::linear" not in host
     compare(source, synthesis.files["model_new.py"])
 
 
 @pytest.mark.parametrize("name", [name for name in PROBLEMS if "epilogue" in name or name.endswith("_relu")])
-def test_epilogues_as_kernels_of_their_own_match(synth: Synthesizer, name: str) -> None:
-    """The variant epilogue=kernel (what the optimize skill falls back to): the same problems with the
-    pointwise kernel launched after the convolution or GEMM."""
+@pytest.mark.parametrize("mma", ["simt", "tf32x3"])
+def test_epilogues_inside_the_store_match(synth: Synthesizer, name: str, mma: str) -> None:
+    """The variant epilogue=fused (the optimize skill tries it; the default since stop 35 is a kernel of its
+    own): the pointwise kernel applied in the own convolution's or GEMM's store, on SIMT and tensor cores."""
     source = PROBLEMS[name]
-    synthesis = build_source(synth, source, Variant(epilogue="kernel"))
-    assert "_prepare(" not in synthesis.files["forward.cpp"].split(" forward(")[-1]
+    synthesis = build_source(synth, source, Variant(epilogue="fused", gemm_kernel="own", mma=mma))
+    assert "_prepare(" in synthesis.files["forward.cpp"].split(" forward(")[-1]
     compare(source, synthesis.files["model_new.py"])
