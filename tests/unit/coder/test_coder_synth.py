@@ -105,10 +105,20 @@ def test_cuda_program_for_every_suite_problem(synth: Synthesizer, name: str) -> 
     ref = source(name)
     cand = to_candidate(synth.synthesize(ref, None, variant=Variant(), device="cuda"))
     validate(cand)
-    sources = ["binding.cpp", "forward.cpp", "kernels.cu"]
-    assert cand.build.backend == "cuda" and list(cand.build.sources) == sources
-    check_model_new(ref, cand)
     files = {f.path: f.content for f in cand.files}
+    # A program with GEMMs instantiates CUTLASS's in a unit of its own (variant gemm_kernel=cutlass).
+    sources = [
+        "binding.cpp",
+        *(["cutlass_gemm.cu"] if "cutlass_gemm.cu" in files else []),
+        "forward.cpp",
+        "kernels.cu",
+    ]
+    assert cand.build.backend == "cuda" and list(cand.build.sources) == sources
+    if "cutlass_gemm.cu" in files:
+        assert (
+            "stitch_cutlass_gemm(" in files["kernels.cu"] and "#include <cutlass/" in files["cutlass_gemm.cu"]
+        )
+    check_model_new(ref, cand)
     cu, host = files["kernels.cu"], files["forward.cpp"]
     assert "__global__" in cu and "__launch_bounds__" in cu
     assert "stitch::current_stream()" in cu and "STITCH_LAUNCH_CHECK" in cu
