@@ -79,12 +79,17 @@ def toolchain(backend: str, arch_list: str) -> dict[str, str]:
     return info
 
 
+def _native_sources(candidate: code_pb2.Candidate) -> list[str]:
+    """The texts of the candidate's C++/CUDA files (sources and headers), not its Python."""
+    return [f.content for f in candidate.files if not f.path.endswith(".py")]
+
+
 def cutlass_flags(candidate: code_pb2.Candidate) -> list[str]:
     """CUTLASS's include folder for a CUDA build whose sources include its headers (shared/cutlass.py): the
     build environment provides CUTLASS as it provides torch, so a candidate names no machine's path."""
     if candidate.build.backend != "cuda":
         return []
-    return cutlass.build_flags(f.content for f in candidate.files if not f.path.endswith(".py"))
+    return cutlass.build_flags(_native_sources(candidate))
 
 
 def cache_key(candidate: code_pb2.Candidate, arch_list: str) -> str:
@@ -105,7 +110,7 @@ def cache_key(candidate: code_pb2.Candidate, arch_list: str) -> str:
         "files": files,
         "toolchain": toolchain(build.backend, arch_list),
     }
-    if build.backend == "cuda" and cutlass.used_by(f.content for f in candidate.files):
+    if build.backend == "cuda" and cutlass.used_by(_native_sources(candidate)):
         doc["cutlass"] = cutlass.version()
     return sha256_hex(json.dumps(doc, sort_keys=True))
 

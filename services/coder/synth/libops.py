@@ -437,17 +437,10 @@ static void stitch_gemm_launch(const float* A, const float* B, const float* bias
 # CUTLASS first where the device has its tensor cores (compute capability 8.0; the variant mma governs only
 # the own kernels), the own kernels for a GEMM it cannot take.
 CUDA_GEMM_CUTLASS = r"""
-static bool stitch_cutlass_device() {
-  int device = 0, major = 0;
-  STITCH_CUDA_CHECK(cudaGetDevice(&device));
-  STITCH_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major >= 8;
-}
-
 static void stitch_gemm_launch(const float* A, const float* B, const float* bias, float* C,
                                const int64_t* dims) {
   if (dims[0] == 0 || dims[1] == 0 || dims[2] == 0) return;
-  if (stitch_cutlass_device() && stitch_cutlass_gemm(A, B, bias, C, dims)) return;
+  if (stitch_tensor_core_device() && stitch_cutlass_gemm(A, B, bias, C, dims)) return;
   stitch_gemm_with(A, B, bias, C, dims, StitchNoEpi{});
 }
 """
@@ -793,16 +786,20 @@ __device__ __forceinline__ void tf32x3_step(Acc (&acc)[FM][FN], const float* a, 
   }
 }
 
-// Whether this device runs the tensor-core kernels (compute capability 8.0 or later, and not the variant
-// mma=simt).
-inline bool stitch_tensor_cores() {
-#ifdef STITCH_SIMT_ONLY
-  return false;
-#else
+// Whether this device runs the tensor-core kernels (compute capability 8.0 or later): CUTLASS's GEMMs
+// wherever it does, the own kernels unless the variant is mma=simt.
+inline bool stitch_tensor_core_device() {
   int device = 0, major = 0;
   STITCH_CUDA_CHECK(cudaGetDevice(&device));
   STITCH_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   return major >= 8;
+}
+
+inline bool stitch_tensor_cores() {
+#ifdef STITCH_SIMT_ONLY
+  return false;
+#else
+  return stitch_tensor_core_device();
 #endif
 }
 """

@@ -118,7 +118,7 @@ def test_linear_becomes_a_cutlass_gemm_with_its_tail_a_kernel() -> None:
     launch = kernels[kernels.index("static void stitch_gemm_launch(") :]
     assert launch.index("stitch_cutlass_gemm(A, B, bias, C, dims)") < launch.index("stitch_gemm_with(")
     # Only where the device has tensor cores for it (compute capability 8.0, whatever the own kernels use).
-    assert "stitch_cutlass_device() && stitch_cutlass_gemm(" in launch
+    assert "stitch_tensor_core_device() && stitch_cutlass_gemm(" in launch
     forward = forward_of(files)
     assert "stitch_linear(" in forward and "_epilogue_launch(" not in forward
 
