@@ -107,11 +107,16 @@ def test_custom_gemm_and_conv_kernels_match(synth: Synthesizer, name: str) -> No
     compare(source, synthesis.files["model_new.py"])
 
 
+CUTLASS_KERNELS = ["cutlass", "cutlass_sm90"]
+
+
+@pytest.mark.parametrize("kernel", CUTLASS_KERNELS)
 @pytest.mark.parametrize("name", ["06_gemm_bias_relu", "08_mlp", "12_attention", "15_transformer_block"])
-def test_cutlass_gemms_match(synth: Synthesizer, name: str) -> None:
-    """The GEMMs as CUTLASS 3xTF32 templates (variant gemm_kernel=cutlass), built with the nvidia-cutlass
-    package's headers; a GEMM CUTLASS cannot take runs on the own kernels."""
-    source, synthesis = build(synth, name, Variant(gemm="custom", gemm_kernel="cutlass"))
+def test_cutlass_gemms_match(synth: Synthesizer, name: str, kernel: str) -> None:
+    """The GEMMs as CUTLASS 3xTF32 templates (variant gemm_kernel=cutlass, or cutlass_sm90: Hopper's wgmma
+    over split operands), built with the nvidia-cutlass package's headers; a GEMM CUTLASS cannot take runs on
+    the own kernels."""
+    source, synthesis = build(synth, name, Variant(gemm="custom", gemm_kernel=kernel))
     assert any(path.endswith("cutlass_gemm.cu") for path in synthesis.files)
     compare(source, synthesis.files["model_new.py"])
 
@@ -134,8 +139,9 @@ def get_init_inputs():
 """
 
 
-def test_cutlass_gemms_of_every_layout_match(synth: Synthesizer) -> None:
-    synthesis = build_source(synth, CUTLASS_LAYOUTS, Variant(gemm="custom", gemm_kernel="cutlass"))
+@pytest.mark.parametrize("kernel", CUTLASS_KERNELS)
+def test_cutlass_gemms_of_every_layout_match(synth: Synthesizer, kernel: str) -> None:
+    synthesis = build_source(synth, CUTLASS_LAYOUTS, Variant(gemm="custom", gemm_kernel=kernel))
     compare(CUTLASS_LAYOUTS, synthesis.files["model_new.py"])
 
 
@@ -155,7 +161,50 @@ def get_init_inputs():
 """
 
 
-def test_cutlass_split_k_gemm_matches(synth: Synthesizer) -> None:
-    """Four output tiles over a K of 65536: the GEMM is split along K (serial split-K, slices added in order)."""
-    synthesis = build_source(synth, CUTLASS_LONG_K, Variant(gemm="custom", gemm_kernel="cutlass"))
+@pytest.mark.parametrize("kernel", CUTLASS_KERNELS)
+def test_cutlass_split_k_gemm_matches(synth: Synthesizer, kernel: str) -> None:
+    """Four output tiles over a K of 65536: the GEMM is split along K (serial split-K, slices added in order;
+    SM90: stream-K)."""
+    synthesis = build_source(synth, CUTLASS_LONG_K, Variant(gemm="custom", gemm_kernel=kernel))
     compare(CUTLASS_LONG_K, synthesis.files["model_new.py"])
+
+
+SM90_SHAPES = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(29, 64)
+        self.w = nn.Parameter(torch.randn(96, 128))
+
+    def forward(self, x, y):
+        # Odd M and K with a bias; a batched GEMM whose B is shared by every batch (batch stride 0).
+        return torch.cat([self.fc(x).flatten(), torch.matmul(y, self.w).flatten()])
+
+def get_inputs():
+    return [torch.randn(37, 29), torch.randn(4, 65, 96)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_sm90_gemm_runs_wgmma_on_hopper(synth: Synthesizer) -> None:
+    """On compute capability 9.0 the Hopper GEMM, not a fallback, computes the result: the split pass and
+    CUTLASS's kernel are the ones launched (the device runs the program's sm_90a code)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs compute capability 9.0 (H100/H200)")
+    synthesis = build_source(synth, SM90_SHAPES, Variant(gemm="custom", gemm_kernel="cutlass_sm90"))
+    compare(SM90_SHAPES, synthesis.files["model_new.py"])
+    mn: dict[str, object] = {"__name__": "model_new"}
+    exec(compile(synthesis.files["model_new.py"], "model_new.py", "exec"), mn)
+    model = mn["ModelNew"]().cuda()  # type: ignore[operator]
+    inputs = [torch.randn(37, 29, device="cuda"), torch.randn(4, 65, 96, device="cuda")]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        model(*inputs)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    assert any("stitch_tf32x3_split" in n for n in names), names
+    assert any("cutlass::gemm::kernel::GemmUniversal" in n for n in names), names

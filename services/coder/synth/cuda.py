@@ -1139,7 +1139,8 @@ def emit(
     built by the host compiler with per-operator headers) and binding.cpp (the Python binding, glue
     compiled at -O1), where one .cu with torch/extension.h took nvcc a minute.
     """
-    cutlass = variant.gemm == "custom" and variant.gemm_kernel == "cutlass"
+    cutlass = variant.gemm == "custom" and variant.gemm_kernel in cutlass_gemm.KERNELS
+    sm90 = cutlass and variant.gemm_kernel == "cutlass_sm90"
     if variant.gemm == "custom" and variant.epilogue == "fused":
         # A CUTLASS GEMM keeps its pointwise tail as a kernel: only the convolutions take theirs inside.
         fuse_library_epilogues(program, convolution.CONV_FNS | (frozenset() if cutlass else {"linear"}))
@@ -1148,7 +1149,7 @@ def emit(
     body = host.body()
     ops = [s.op for s in program.steps if s.op is not None]
     layouts = cutlass_gemm.layouts_of(program.graph, ops) if cutlass else set()
-    if layouts and "gemm_plain" in host.helpers:
+    if (layouts or (sm90 and cutlass_gemm.has_gemm(ops))) and "gemm_plain" in host.helpers:
         host.helpers.add("cutlass")
     ret, params = host.signature()
     forward = [f"{ret} forward(", "    " + ",\n    ".join(params) + ") {", *indent(body, 2), "}"]
@@ -1239,9 +1240,10 @@ def emit(
     # In name order, as the Coder's answer parser lists an answer's sources (the same program either way).
     files = {BINDING_FILE: binding, HOST_FILE: source, KERNELS_FILE: device}
     if "cutlass" in host.helpers:
-        files[cutlass_gemm.FILE] = cutlass_gemm.source(ext_name, layouts, BRIDGE, HEADER_NAME)
+        files[cutlass_gemm.FILE] = cutlass_gemm.source(ext_name, layouts, BRIDGE, HEADER_NAME, sm90=sm90)
         files = dict(sorted(files.items()))
-    return files, list(CFLAGS), list(CUDA_CFLAGS), list(LDFLAGS)
+    extra = list(cutlass_gemm.SM90_CUDA_CFLAGS) if sm90 and "cutlass" in host.helpers else []
+    return files, list(CFLAGS), [*CUDA_CFLAGS, *extra], list(LDFLAGS)
 
 
 __all__ = ["emit", "tensor_var"]

@@ -12,6 +12,16 @@ whose output tiles leave SMs idle (a long K over a small output) is split along 
 One translation unit of its own (cutlass_gemm.cu), compiled in parallel with the others; it instantiates only
 the operand layouts the program's GEMMs use. At run time a GEMM whose layouts, alignment or sizes CUTLASS
 cannot take (`can_implement`) runs on the synthesizer's own kernels instead.
+
+Hopper (variant gemm_kernel=cutlass_sm90): CUTLASS 3's warp-specialized wgmma GEMM (TMA loads, a cluster of
+two, the stream-K tile scheduler, which splits a long K over idle SMs) over operands split beforehand: one
+pass writes A as [hi | hi | lo] and B as [hi | lo | hi] along K (hi the TF32 rounding of a float, lo the TF32
+rounding of its residual), both K-major, so one TF32 GEMM of depth 3K adds exactly the three products of
+3xTF32 in float accumulators; the bias rides in two more columns (ones in A, its hi and lo parts in B). The
+split pass also lays out operands of any strides (transposed, broadcast over the batch) as the wgmma TF32
+instruction wants them (K-major both), so one instantiation serves every layout. wgmma needs the sm_90a
+target: the program is built for it too (EXTRA_CUDA_CFLAGS), and a probe kernel tells at run time whether the
+device runs that code (compute capability 9.0); elsewhere the own kernels run.
 """
 
 from __future__ import annotations
@@ -31,6 +41,10 @@ _PARAMS = "const float* A, const float* B, const float* bias, float* C, const in
 # process (a benchmark, a test session) never bind each other's entry point or CUTLASS instantiations.
 _HIDDEN = '__attribute__((visibility("hidden")))'
 DECLARATION = f"{_HIDDEN} bool stitch_cutlass_gemm({_PARAMS});"
+# The gemm_kernel variant values built on this unit, and the extra nvcc flags of the Hopper one: its wgmma
+# code for sm_90a (beside the Verifier's arch list), both targets compiled in parallel.
+KERNELS = frozenset({"cutlass", "cutlass_sm90"})
+SM90_CUDA_CFLAGS = ("-gencode=arch=compute_90a,code=sm_90a", "--threads=2")
 
 _TEMPLATE = r"""
 // 128x128 block tiles of 16 along K, 64x64 warp tiles, m16n8k8 TF32 instructions, four pipeline stages
@@ -93,13 +107,180 @@ bool stitch_cutlass_run(const float* A, int64_t lda, const float* B, int64_t ldb
 }
 """
 
+_SM90 = r"""
+// ---- Hopper: CUTLASS 3 wgmma TF32 GEMM over operands split into TF32 pairs (3xTF32 along K) ----
+using StitchSm90Tile = cute::Shape<cute::_128, cute::_128, cute::_32>;
+using StitchSm90Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+using StitchSm90Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, StitchSm90Tile, StitchSm90Cluster,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor, 4, float,
+    cutlass::layout::RowMajor, 4, cutlass::epilogue::TmaWarpSpecializedCooperative>::CollectiveOp;
+using StitchSm90Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, float, cutlass::layout::RowMajor, 4, float,
+    cutlass::layout::ColumnMajor, 4, float, StitchSm90Tile, StitchSm90Cluster,
+    cutlass::gemm::collective::StageCountAutoCarveout<
+        static_cast<int>(sizeof(typename StitchSm90Epilogue::SharedStorage))>,
+    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+using StitchSm90Kernel = cutlass::gemm::kernel::GemmUniversal<
+    cute::Shape<int, int, int, int>, StitchSm90Mainloop, StitchSm90Epilogue, cutlass::gemm::StreamKScheduler>;
+using StitchSm90Gemm = cutlass::gemm::device::GemmUniversalAdapter<StitchSm90Kernel>;
+
+// Writes 1 where the device runs this unit's sm_90a code (wgmma), nothing elsewhere.
+__global__ void stitch_sm90a_probe(int* flag) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  *flag = 1;
+#else
+  (void)flag;
+#endif
+}
+
+// Whether the current device runs the sm_90a code: asked once per device (a one-thread kernel), never while
+// the stream is being captured into a graph (then not yet known counts as no).
+bool stitch_sm90_ready(cudaStream_t stream) {
+  static std::atomic<int> state[64];  // 0 not asked, 1 yes, 2 no
+  int device = 0;
+  STITCH_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= 64) return false;
+  int known = state[device].load();
+  if (known == 0) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    STITCH_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone) return false;
+    int major = 0, minor = 0;
+    STITCH_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    STITCH_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    int ran = 0;
+    if (major == 9 && minor == 0) {
+      stitch::Scratch flag(sizeof(int), stream);
+      STITCH_CUDA_CHECK(cudaMemsetAsync(flag.ptr, 0, sizeof(int), stream));
+      stitch_sm90a_probe<<<1, 1, 0, stream>>>(static_cast<int*>(flag.ptr));
+      STITCH_LAUNCH_CHECK();
+      STITCH_CUDA_CHECK(cudaMemcpyAsync(&ran, flag.ptr, sizeof(int), cudaMemcpyDeviceToHost, stream));
+      STITCH_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+    known = ran == 1 ? 1 : 2;
+    state[device].store(known);
+  }
+  return known == 1;
+}
+
+// TF32 rounding of a float (to nearest, ties away; 10 mantissa bits): exact in a TF32 operand.
+__device__ __forceinline__ float stitch_tf32_round(float x) {
+  uint32_t u = __float_as_uint(x);
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;  // Inf and NaN as they are
+  return __uint_as_float((u + 0x1000u) & 0xffffe000u);
+}
+
+// One operand, rows R (M of A, N of B) by depth K read at src[b * sb + r * sr + k * sk], written K-major as
+// out[b][r][0..Kp): A as [hi | hi | lo], B as [hi | lo | hi] (b_side), then the bias columns (A: two ones;
+// B: the bias's hi and lo parts) and zeros to Kp. 32x32 tiles through shared memory, loaded along whichever
+// of r and k has the unit stride and stored along k.
+__global__ void __launch_bounds__(256)
+    stitch_tf32x3_split(const float* __restrict__ src, int64_t sb, int64_t sr, int64_t sk, int64_t R,
+                        int64_t K, int64_t Kp, int64_t tiles_k, bool b_side, const float* bias,
+                        bool with_bias, float* __restrict__ out) {
+  __shared__ float tile[32][33];
+  const int64_t tile_id = blockIdx.x, b = blockIdx.y;
+  const int64_t r0 = (tile_id / tiles_k) * 32, k0 = (tile_id % tiles_k) * 32;
+  const float* in = src + b * sb;
+  const bool along_r = sr == 1 && sk != 1;
+  for (int i = threadIdx.x; i < 1024; i += 256) {
+    const int fast = i % 32, slow = i / 32, rr = along_r ? fast : slow, kk = along_r ? slow : fast;
+    const int64_t r = r0 + rr, k = k0 + kk;
+    tile[rr][kk] = r < R && k < K ? in[r * sr + k * sk] : 0.f;
+  }
+  __syncthreads();
+  float* dst = out + b * R * Kp;
+  for (int i = threadIdx.x; i < 1024; i += 256) {
+    const int kk = i % 32, rr = i / 32;
+    const int64_t r = r0 + rr, k = k0 + kk;
+    if (r >= R || k >= K) continue;
+    const float v = tile[rr][kk], hi = stitch_tf32_round(v);
+    const float lo = isfinite(hi) ? stitch_tf32_round(v - hi) : 0.f;
+    float* row = dst + r * Kp;
+    row[k] = hi;
+    row[K + k] = b_side ? lo : hi;
+    row[2 * K + k] = b_side ? hi : lo;
+  }
+  if (k0 != 0) return;
+  for (int64_t i = threadIdx.x; i < 32 * (Kp - 3 * K); i += 256) {
+    const int64_t rr = i / (Kp - 3 * K), c = i % (Kp - 3 * K), r = r0 + rr;
+    if (r >= R) continue;
+    float v = 0.f;
+    if (with_bias && c < 2) {
+      if (!b_side) {
+        v = 1.f;
+      } else {
+        const float hi = stitch_tf32_round(bias[r]);
+        v = c == 0 ? hi : (isfinite(hi) ? stitch_tf32_round(bias[r] - hi) : 0.f);
+      }
+    }
+    dst[r * Kp + 3 * K + c] = v;
+  }
+}
+
+// C[b] = A[b] @ B[b] (+ bias) on Hopper's tensor cores, float32-class accurate. false: not this device or
+// not this GEMM (C's rows not 16-byte aligned, sizes past int), nothing launched.
+bool stitch_cutlass_sm90(const float* A, const float* B, const float* bias, float* C, const int64_t* dims) {
+  const int64_t batch = dims[0], M = dims[1], N = dims[2], K = dims[3], sAb = dims[4], sAm = dims[5],
+                sAk = dims[6], sBb = dims[7], sBk = dims[8], sBn = dims[9];
+  const int64_t Kp = (3 * K + (bias != nullptr ? 2 : 0) + 3) / 4 * 4, limit = int64_t{1} << 31;
+  if (K == 0 || N % 4 != 0 || reinterpret_cast<uintptr_t>(C) % 16 != 0 || M >= limit || N >= limit ||
+      Kp >= limit)
+    return false;
+  cudaStream_t stream = stitch::current_stream();
+  if (!stitch_sm90_ready(stream)) return false;
+  // An operand shared by every batch (batch stride 0) is split once.
+  const int64_t batches_a = batch > 1 && sAb != 0 ? batch : 1, batches_b = batch > 1 && sBb != 0 ? batch : 1;
+  stitch::Scratch a3(static_cast<size_t>(batches_a * M * Kp) * sizeof(float), stream);
+  stitch::Scratch b3(static_cast<size_t>(batches_b * N * Kp) * sizeof(float), stream);
+  const int64_t tiles_k = (K + 31) / 32;
+  const int64_t tiles_a = ((M + 31) / 32) * tiles_k, tiles_b = ((N + 31) / 32) * tiles_k;
+  STITCH_CHECK(tiles_a < limit && tiles_b < limit, "CUTLASS GEMM: operands too large to split");
+  stitch_tf32x3_split<<<dim3(static_cast<unsigned>(tiles_a), static_cast<unsigned>(batches_a)), 256, 0,
+                        stream>>>(A, sAb, sAm, sAk, M, K, Kp, tiles_k, false, nullptr, bias != nullptr,
+                                  static_cast<float*>(a3.ptr));
+  STITCH_LAUNCH_CHECK();
+  stitch_tf32x3_split<<<dim3(static_cast<unsigned>(tiles_b), static_cast<unsigned>(batches_b)), 256, 0,
+                        stream>>>(B, sBb, sBn, sBk, N, K, Kp, tiles_k, true, bias, bias != nullptr,
+                                  static_cast<float*>(b3.ptr));
+  STITCH_LAUNCH_CHECK();
+  using Kernel = StitchSm90Gemm::GemmKernel;
+  const typename Kernel::StrideA stride_a =
+      cute::make_stride(Kp, cute::Int<1>{}, batches_a > 1 ? M * Kp : int64_t{0});
+  const typename Kernel::StrideB stride_b =
+      cute::make_stride(Kp, cute::Int<1>{}, batches_b > 1 ? N * Kp : int64_t{0});
+  const typename Kernel::StrideD stride_d = cute::make_stride(N, cute::Int<1>{}, M * N);
+  cutlass::KernelHardwareInfo hw;
+  STITCH_CUDA_CHECK(cudaGetDevice(&hw.device_id));
+  hw.sm_count = static_cast<int>(stitch_cutlass_sms());
+  typename StitchSm90Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {static_cast<int>(M), static_cast<int>(N), static_cast<int>(Kp), static_cast<int>(batch)},
+      {static_cast<const float*>(a3.ptr), stride_a, static_cast<const float*>(b3.ptr), stride_b},
+      {{1.f, 0.f}, nullptr, typename Kernel::StrideC{}, C, stride_d},
+      hw};
+  StitchSm90Gemm gemm;
+  STITCH_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess, "CUTLASS SM90 GEMM: cannot implement");
+  const size_t bytes = StitchSm90Gemm::get_workspace_size(args);
+  stitch::Scratch workspace(bytes > 0 ? bytes : 1, stream);
+  STITCH_CHECK(gemm.initialize(args, workspace.ptr, stream) == cutlass::Status::kSuccess,
+               "CUTLASS SM90 GEMM: initialize failed");
+  STITCH_CHECK(gemm.run(stream) == cutlass::Status::kSuccess, "CUTLASS SM90 GEMM: launch failed");
+  STITCH_LAUNCH_CHECK();
+  return true;
+}
+"""
+
 _ENTRY = r"""
 // dims: batch, M, N, K, then the strides sAb, sAm, sAk, sBb, sBk, sBn (stitch_gemm_launch's). A layout is
 // row-major where its unit stride is along K (A) or N (B), column-major where it is along M (A) or K (B).
 __HIDDEN__ bool stitch_cutlass_gemm(__PARAMS__) {
   const int64_t sAm = dims[5], sAk = dims[6], sBk = dims[8], sBn = dims[9];
   const bool a_row = sAk == 1, a_col = !a_row && sAm == 1, b_row = sBn == 1, b_col = !b_row && sBk == 1;
+  (void)a_row;
   (void)a_col;
+  (void)b_row;
   (void)b_col;
 __DISPATCH__
   return false;
@@ -113,6 +294,11 @@ def _layout(value: Value) -> str | None:
     if len(value.stride) < 2 or value.stride[-1] == 1 or value.shape[-1] == 1:
         return ROW
     return COL if value.stride[-2] == 1 or value.shape[-2] == 1 else None
+
+
+def has_gemm(ops: list[Op]) -> bool:
+    """Whether any of the program's ops is a GEMM-backed library op."""
+    return any(op.kind == LIB and op.fn in GEMM_FNS for op in ops)
 
 
 def layouts_of(graph: Graph, ops: list[Op]) -> set[tuple[str, str]]:
@@ -137,24 +323,43 @@ def layouts_of(graph: Graph, ops: list[Op]) -> set[tuple[str, str]]:
     return found
 
 
-def source(ext_name: str, layouts: set[tuple[str, str]], bridge: str, header: str) -> str:
+def source(
+    ext_name: str, layouts: set[tuple[str, str]], bridge: str, header: str, *, sm90: bool = False
+) -> str:
     """cutlass_gemm.cu for these layouts; `bridge` declares the stream, scratch memory and checks forward.cpp
-    defines (cuda.BRIDGE), `header` is the program's shared header."""
-    dispatch = [
-        f"  if (a_{a} && b_{b})\n"
-        f"    return stitch_cutlass_run<{_LAYOUT[a]}, {_LAYOUT[b]}>(A, {'sAm' if a == ROW else 'sAk'}, B, "
-        f"{'sBk' if b == ROW else 'sBn'}, bias, C, dims);"
-        for a, b in sorted(layouts)
+    defines (cuda.BRIDGE), `header` is the program's shared header. sm90: the Hopper GEMM instead, which
+    takes every layout (the layouts are not instantiated)."""
+    dispatch = (
+        ["  if (stitch_cutlass_sm90(A, B, bias, C, dims)) return true;"]
+        if sm90
+        else [
+            f"  if (a_{a} && b_{b})\n"
+            f"    return stitch_cutlass_run<{_LAYOUT[a]}, {_LAYOUT[b]}>(A, "
+            f"{'sAm' if a == ROW else 'sAk'}, B, {'sBk' if b == ROW else 'sBn'}, bias, C, dims);"
+            for a, b in sorted(layouts)
+        ]
+    )
+    sm90_headers = [
+        "#include <cute/tensor.hpp>",
+        "#include <cutlass/epilogue/collective/collective_builder.hpp>",
+        "#include <cutlass/gemm/collective/collective_builder.hpp>",
+        "#include <cutlass/gemm/device/gemm_universal_adapter.h>",
+        "#include <cutlass/gemm/dispatch_policy.hpp>",
+        "#include <cutlass/gemm/kernel/gemm_universal.hpp>",
+        "#include <cutlass/gemm/kernel/tile_scheduler.hpp>",
     ]
     return "\n".join(
         [
             f"// {ext_name}: synthesized by StitchCUDA's built-in coder (CUDA backend), the GEMMs as CUTLASS",
             "// templates instantiated here (3xTF32 tensor-op GEMM); kernels.cu calls stitch_cutlass_gemm.",
+            "// CUTLASS's device-side asserts off: a call in a wgmma pipeline serializes it.",
+            "#define NDEBUG 1",
             f'#include "{header}"',
             "",
             "#include <cuda_runtime.h>",
             "",
             "#include <algorithm>",
+            "#include <atomic>",
             "#include <cstdint>",
             "",
             "// Every CUTLASS symbol this unit instantiates stays inside the program's .so.",
@@ -162,9 +367,11 @@ def source(ext_name: str, layouts: set[tuple[str, str]], bridge: str, header: st
             "#include <cutlass/cutlass.h>",
             "#include <cutlass/epilogue/thread/linear_combination.h>",
             "#include <cutlass/gemm/device/gemm_universal.h>",
+            *(sm90_headers if sm90 else []),
             bridge,
             "namespace {",
             _TEMPLATE,
+            _SM90 if sm90 else "",
             "}  // namespace",
             _ENTRY.replace("__PARAMS__", _PARAMS)
             .replace("__HIDDEN__", _HIDDEN)
@@ -174,4 +381,4 @@ def source(ext_name: str, layouts: set[tuple[str, str]], bridge: str, header: st
     )
 
 
-__all__ = ["DECLARATION", "FILE", "layouts_of", "source"]
+__all__ = ["DECLARATION", "FILE", "KERNELS", "SM90_CUDA_CFLAGS", "has_gemm", "layouts_of", "source"]

@@ -38,7 +38,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     # GEMM's pointwise tail a kernel of its own) or the synthesizer's tiled kernels. CUTLASS first: the
     # fastest float32-accurate GEMM measured on the H200 (0.62-0.64x cuBLAS's SGEMM where the own reached
     # 0.42-0.62x, 0.52x where a long K left the own at 0.02x). Convolutions stay the synthesizer's.
-    "gemm_kernel": ("cutlass", "own"),
+    # cutlass_sm90: CUTLASS 3's Hopper wgmma GEMM over operands split into TF32 pairs (cutlass_gemm.py; the
+    # own kernels on other devices), tried when tuning.
+    "gemm_kernel": ("cutlass", "cutlass_sm90", "own"),
     # The pointwise kernel over an own GEMM's (nn.Linear) or convolution's output on CUDA (activation,
     # scaling, clamp, residual): a kernel after it, or inside its store (one pass over the output). A kernel
     # first: inside the store, the convolutions measured on the H200 ran slower (problem 4: 46.2 ms vs
@@ -130,6 +132,10 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
     text = " ".join([verdict.reason, verdict.feedback, " ".join(rules)]).lower()
     if verdict.build.error or (not verdict.compiled and verdict.build.ok is False and verdict.reason):
         # A build failure of generated code: step to the most conservative code shapes.
+        if cuda and previous.gemm == "custom" and previous.gemm_kernel == "cutlass_sm90":
+            out.append(
+                (previous.with_(gemm_kernel="cutlass"), "the build failed: CUTLASS's SM80 GEMM, not SM90's")
+            )
         if cuda and previous.gemm == "custom" and previous.gemm_kernel != "own":
             out.append(
                 (previous.with_(gemm_kernel="own"), "the build failed: the own GEMM kernels, not CUTLASS")
@@ -148,6 +154,8 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
             out.append(
                 (previous.with_(acc="double"), f"close miss (rel_l2 {worst:.2e} vs {tol:.2e}): double sums")
             )
+        if cuda and previous.gemm == "custom" and previous.gemm_kernel == "cutlass_sm90":
+            out.append((previous.with_(gemm_kernel="cutlass"), "mismatch: CUTLASS's SM80 GEMM, not SM90's"))
         if cuda and previous.gemm == "custom" and previous.gemm_kernel != "own":
             out.append((previous.with_(gemm_kernel="own"), "mismatch: the own GEMM kernels, not CUTLASS"))
         if cuda and previous.gemm == "custom" and previous.mma != "simt":
@@ -193,8 +201,9 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
         if previous.split != "off":
             out.append((previous.with_(split="off"), "one block per row, no split reduction"))
         if previous.gemm == "custom":
-            other = "own" if previous.gemm_kernel == "cutlass" else "cutlass"
-            out.append((previous.with_(gemm_kernel=other), f"GEMMs as the {other} kernels, measured"))
+            for other in CHOICES["gemm_kernel"]:
+                if other != previous.gemm_kernel:
+                    out.append((previous.with_(gemm_kernel=other), f"GEMMs as the {other} kernels, measured"))
             other = "tf32x3" if previous.mma == "simt" else "simt"
             out.append((previous.with_(mma=other), f"own GEMM/convolution products on {other}, measured"))
             other = "fused" if previous.epilogue == "kernel" else "kernel"

@@ -15,7 +15,7 @@ from test_coder_cuda_build import NVCC, nvcc_command
 from stitchcuda.api.v1 import verify_pb2
 from stitchcuda.coder.synth import cutlass_gemm
 from stitchcuda.coder.synth.synthesizer import Synthesizer, to_candidate
-from stitchcuda.coder.synth.variants import Variant
+from stitchcuda.coder.synth.variants import Variant, proposals
 from stitchcuda.shared import cutlass
 from stitchcuda.shared.policy import STRICT, KernelPolicy
 from stitchcuda.verifier.static import scan
@@ -202,3 +202,56 @@ def test_build_flags_name_the_headers_or_say_how_to_get_them(monkeypatch: pytest
     monkeypatch.setattr(cutlass, "include_dir", lambda: None)
     with pytest.raises(FileNotFoundError, match="nvidia-cutlass"):
         cutlass.build_flags(uses)
+
+
+SM90 = Variant(gemm="custom", gemm_kernel="cutlass_sm90")
+
+
+def test_sm90_gemm_serves_every_layout_with_one_instantiation() -> None:
+    # Transposed operands, nn.Linear and bmm: the split pass lays every operand out K-major, so one
+    # instantiation, no SM80 layouts, and the program is built for sm_90a too.
+    for source in (TRANSPOSED, LINEAR_RELU, BMM):
+        synthesis = Synthesizer(in_process=True).synthesize(
+            source, None, variant=SM90, device="cuda", policy=KernelPolicy(STRICT)
+        )
+        unit = dict(synthesis.files)[cutlass_gemm.FILE]
+        assert "stitch_cutlass_run<cutlass::layout" not in unit
+        assert unit.count("using StitchSm90Gemm =") == 1
+        assert "MMA_" not in unit and "KernelTmaWarpSpecializedCooperative" in unit
+        assert "[hi | hi | lo]" in unit and "[hi | lo | hi]" in unit, "3xTF32 as one GEMM along 3K"
+        assert "#define NDEBUG" in unit.split("#include")[0], "no device asserts in the wgmma pipeline"
+        flags = list(synthesis.build.cuda_cflags)
+        assert "-gencode=arch=compute_90a,code=sm_90a" in flags
+        findings = scan(to_candidate(synthesis), source, (), KernelPolicy(STRICT))
+        assert [f.rule for f in findings if f.severity == verify_pb2.SEVERITY_REJECT] == []
+    plain = Synthesizer(in_process=True).synthesize(
+        LINEAR_RELU, None, variant=CUTLASS, device="cuda", policy=KernelPolicy(STRICT)
+    )
+    assert not any("sm_90a" in f for f in plain.build.cuda_cflags), "only the Hopper GEMM needs sm_90a"
+
+
+def test_sm90_gemm_falls_back_after_a_failure() -> None:
+    failed = verify_pb2.Verdict(compiled=True, correct=False, reason="mismatch")
+    proposed = [v.gemm_kernel for v, _ in proposals(SM90, failed, cuda=True)]
+    assert proposed[:2] == ["cutlass", "own"]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.skipif(cutlass.include_dir() is None, reason="the nvidia-cutlass package is not installed")
+def test_sm90_unit_compiles_for_sm90a_without_serialized_wgmma(tmp_path: Path) -> None:
+    synthesis = Synthesizer(in_process=True).synthesize(
+        TRANSPOSED, None, variant=SM90, device="cuda", policy=KernelPolicy(STRICT)
+    )
+    unit = tmp_path / cutlass_gemm.FILE
+    unit.write_text(dict(synthesis.files)[cutlass_gemm.FILE])
+    for name, text in synthesis.files.items():
+        (tmp_path / name).write_text(text)
+    command = [
+        *nvcc_command(unit, tmp_path / "unit.o"),
+        *cutlass.build_flags([unit.read_text()]),
+        *cutlass_gemm.SM90_CUDA_CFLAGS,
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # ptxas warns (C7510) where a call inside the mainloop serializes the wgmma pipeline.
+    assert "C7510" not in done.stdout + done.stderr
