@@ -64,6 +64,12 @@ CALL_SPAN = "<profiled call>"
 CUTLASS_INSTANCE = re.compile(
     r"^cutlass::(?:Kernel\d*|device_kernel)<\s*cutlass::(?:gemm|conv|reduction)::kernel::\w+<"
 )
+# The same as the profiler may give it, still mangled (names too long to demangle: a CUTLASS 3 kernel's runs
+# to thousands of characters): `_ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversal...`, `S_` standing
+# for the `cutlass` namespace.
+CUTLASS_INSTANCE_MANGLED = re.compile(
+    r"^_ZN7cutlass(?:6Kernel|7Kernel\d|13device_kernel)IN(?:S_|7cutlass)(?:4gemm|4conv|9reduction)6kernel\d+\w"
+)
 # In global_symbols' answer: the sources include CUTLASS headers (not an identifier, so no kernel's name).
 CUTLASS_SOURCES = "<cutlass>"
 _GLOBAL = re.compile(r"__global__\s+(?:[\w:<>,\s\*&]*?\s)?(\w+)\s*\(")
@@ -137,6 +143,8 @@ def _defined_by(kernel: str, symbols: set[str]) -> bool:
     (`cutlass::Kernel2<cutlass_80_simt_sgemm_128x64>`), never `cutlass::gemm::kernel::...`.
     """
     name = kernel.removeprefix("void ").replace("(anonymous namespace)::", "")
+    if name.startswith("_ZN7cutlass"):
+        return CUTLASS_SOURCES in symbols and bool(CUTLASS_INSTANCE_MANGLED.match(name))
     if name.startswith("cutlass::"):
         return CUTLASS_SOURCES in symbols and bool(CUTLASS_INSTANCE.match(name))
     head = name.split("(", 1)[0].split("<", 1)[0]

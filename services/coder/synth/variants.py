@@ -34,13 +34,13 @@ CHOICES: dict[str, tuple[str, ...]] = {
     # WMMA kernels ran at half its rate (benchmarks/results/gpu_stop35: level-2 problem 4 0.39x vs 0.78x
     # eager, a 4096^3 GEMM 0.44x vs 0.62x).
     "mma": ("simt", "tf32x3"),
-    # The own GEMMs on CUDA: CUTLASS's 3xTF32 tensor-op GEMM instantiated in the program (cutlass_gemm.py; a
-    # GEMM's pointwise tail a kernel of its own) or the synthesizer's tiled kernels. CUTLASS first: the
-    # fastest float32-accurate GEMM measured on the H200 (0.62-0.64x cuBLAS's SGEMM where the own reached
-    # 0.42-0.62x, 0.52x where a long K left the own at 0.02x). Convolutions stay the synthesizer's.
-    # cutlass_sm90: CUTLASS 3's Hopper wgmma GEMM over operands split into TF32 pairs (cutlass_gemm.py; the
-    # own kernels on other devices), tried when tuning.
-    "gemm_kernel": ("cutlass", "cutlass_sm90", "own"),
+    # The own GEMMs on CUDA (cutlass_gemm.py; a GEMM's pointwise tail a kernel of its own): cutlass_sm90,
+    # CUTLASS 3's Hopper wgmma GEMM over operands split into TF32 pairs (the own kernels on devices other than
+    # compute capability 9.0); cutlass, CUTLASS's SM80 3xTF32 tensor-op GEMM (8.0 and later); own, the
+    # synthesizer's tiled kernels. Hopper's first: measured on an H100 (benchmarks/results/gpu_stop36) at
+    # 1.19-1.75x cuBLAS's float32 SGEMM where SM80's reached 0.54x, as accurate; convolutions stay the
+    # synthesizer's.
+    "gemm_kernel": ("cutlass_sm90", "cutlass", "own"),
     # The pointwise kernel over an own GEMM's (nn.Linear) or convolution's output on CUDA (activation,
     # scaling, clamp, residual): a kernel after it, or inside its store (one pass over the output). A kernel
     # first: inside the store, the convolutions measured on the H200 ran slower (problem 4: 46.2 ms vs
@@ -65,7 +65,7 @@ class Variant:
     gemm_bias: str = "library"
     conv_bias: str = "epilogue"
     mma: str = "simt"
-    gemm_kernel: str = "cutlass"
+    gemm_kernel: str = "cutlass_sm90"
     epilogue: str = "kernel"
     acc: str = "auto"
     split: str = "auto"

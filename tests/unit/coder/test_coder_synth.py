@@ -106,7 +106,7 @@ def test_cuda_program_for_every_suite_problem(synth: Synthesizer, name: str) -> 
     cand = to_candidate(synth.synthesize(ref, None, variant=Variant(), device="cuda"))
     validate(cand)
     files = {f.path: f.content for f in cand.files}
-    # A program with GEMMs instantiates CUTLASS's in a unit of its own (variant gemm_kernel=cutlass).
+    # A program with GEMMs instantiates CUTLASS's in a unit of its own (variant gemm_kernel=cutlass_sm90).
     sources = [
         "binding.cpp",
         *(["cutlass_gemm.cu"] if "cutlass_gemm.cu" in files else []),

@@ -61,8 +61,8 @@ def test_own_gemm_kernels_can_step_from_tensor_cores_to_simt() -> None:
 
 def test_gemm_programs_try_cutlass_and_step_back_from_it() -> None:
     """An accepted program with own GEMM kernels measures CUTLASS's GEMM against them (never where the program
-    has only convolutions); a CUTLASS program (the default) that fails to build or mismatches goes back to the
-    own kernels first."""
+    has only convolutions); a Hopper CUTLASS program (the default) that fails to build or mismatches goes back
+    to CUTLASS's SM80 GEMM, an SM80 one to the own kernels."""
     ok = verdict(compiled=True, correct=True, accepted=True)
     ok.profile.bound = "compute"
     own = Variant(gemm="custom", gemm_kernel="own")
@@ -70,19 +70,23 @@ def test_gemm_programs_try_cutlass_and_step_back_from_it() -> None:
     assert "gemm=custom" in [p.signature() for p, _ in picks], "back to the default CUTLASS GEMM"
     conv_only = next_variants({**own.as_map(), "features": "conv"}, ok, cuda=True, count=10)
     assert all(p.gemm_kernel == "own" for p, _ in conv_only)
-    cutlass = Variant(gemm="custom")
-    assert cutlass.gemm_kernel == "cutlass"
+    hopper = Variant(gemm="custom")
+    assert hopper.gemm_kernel == "cutlass_sm90"
+    cutlass = hopper.with_(gemm_kernel="cutlass")
     broken = verdict(compiled=False, reason="build failed")
     broken.build.ok = False
     broken.build.error = "cutlass_gemm.cu(40): error: no instance of constructor"
     assert next_variants(cutlass.as_map(), broken, cuda=True, count=1)[0][0] == own
+    assert next_variants(hopper.as_map(), broken, cuda=True, count=1)[0][0] == cutlass
     wrong = verdict(compiled=True, correct=False, reason="mismatch")
     wrong.correctness.max_rel_l2 = 3e-3
     wrong.correctness.tolerance = 1e-5
     assert next_variants(cutlass.as_map(), wrong, cuda=True, count=1)[0][0] == own
+    assert next_variants(hopper.as_map(), wrong, cuda=True, count=1)[0][0] == cutlass
     # A library program's GEMMs are cuBLAS's: the knob changes nothing there, so it is never proposed.
     assert all(
-        p.gemm_kernel == "cutlass" for p, _ in next_variants(Variant().as_map(), broken, cuda=True, count=5)
+        p.gemm_kernel == "cutlass_sm90"
+        for p, _ in next_variants(Variant().as_map(), broken, cuda=True, count=5)
     )
 
 

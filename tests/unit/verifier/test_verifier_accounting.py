@@ -190,6 +190,25 @@ def test_cutlass_template_instantiated_in_the_sources_is_custom():
     assert acc.custom_count == 1 and acc.library_ms == 0.0
 
 
+# CUTLASS 3's Hopper GEMM as the H100's profiler named it: still mangled (the start of its 1,700 characters).
+CUTLASS_SM90_MANGLED = (
+    "_ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversalIN4cute5tupleIJiiiiEEENS1_10collective13Collective"
+    "MmaINS1_37MainloopSm90TmaGmmaWarpSpecializedFP8ILi6ENS5_IJNS4_1CILi2EEENSA_ILi1EEESC_EEENS1_35KernelTma"
+    "WarpSpecializedCooperativeEEEvEEENS1_16StreamKSchedulerEvEEEEvNT_6ParamsE"
+)
+
+
+def test_mangled_cutlass_instance_is_custom_only_with_cutlass_sources():
+    assert account(
+        _gpu_named(CUTLASS_SM90_MANGLED), TOKEN, "cuda", global_symbols(CUTLASS_SOURCES)
+    ).custom_count
+    plain = global_symbols({"kernels.cu": CUTLASS_SOURCES["kernels.cu"]})
+    assert account(_gpu_named(CUTLASS_SM90_MANGLED), TOKEN, "cuda", plain).custom_count == 0
+    # cuBLAS's precompiled CUTLASS kernel, mangled: its type is not one of CUTLASS's kernel templates.
+    cublas = "_ZN7cutlass7Kernel2I50cutlass_80_tensorop_s1688gemm_128x128_16x4_nn_align4EEvNT_6ParamsE"
+    assert account(_gpu_named(cublas), TOKEN, "cuda", global_symbols(CUTLASS_SOURCES)).custom_count == 0
+
+
 def test_cutlass_named_kernels_without_cutlass_sources_or_from_cublas_stay_library():
     # The same name where the sources include no CUTLASS header: nothing of theirs could have made it.
     plain = global_symbols({"kernels.cu": CUTLASS_SOURCES["kernels.cu"]})
