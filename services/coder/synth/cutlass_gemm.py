@@ -232,6 +232,49 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// One split operand at a time stays within this many bytes: a larger GEMM runs panel by panel (rows of A,
+// columns of B), so its scratch memory is bounded whatever the operands' sizes (a 32768^2 weight would take
+// 12 GiB at once).
+constexpr size_t kStitchSplitBytes = size_t{1} << 30;
+
+// Splits `rows` rows of one operand (`batches` batches) into out, K-major, Kp deep.
+void stitch_sm90_split(const float* src, int64_t sb, int64_t sr, int64_t sk, int64_t rows, int64_t K,
+                       int64_t Kp, int64_t batches, bool b_side, const float* bias, bool with_bias,
+                       float* out, cudaStream_t stream) {
+  const int64_t tiles_k = (K + 31) / 32, tiles = ((rows + 31) / 32) * tiles_k;
+  STITCH_CHECK(tiles < (int64_t{1} << 31), "CUTLASS GEMM: operands too large to split");
+  stitch_tf32x3_split<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(batches)), 256, 0, stream>>>(
+      src, sb, sr, sk, rows, K, Kp, tiles_k, b_side, bias, with_bias, out);
+  STITCH_LAUNCH_CHECK();
+}
+
+// D (rows ldd apart, batches M * N apart) = A3 @ B3^T over Kp: the GEMM of split operands.
+void stitch_sm90_run(const float* a3, int64_t batch_a, const float* b3, int64_t batch_b, float* D, int64_t M,
+                     int64_t N, int64_t Kp, int64_t ldd, int64_t stride_batch_d, int64_t batch,
+                     cudaStream_t stream) {
+  using Kernel = StitchSm90Gemm::GemmKernel;
+  const typename Kernel::StrideA stride_a = cute::make_stride(Kp, cute::Int<1>{}, batch_a);
+  const typename Kernel::StrideB stride_b = cute::make_stride(Kp, cute::Int<1>{}, batch_b);
+  const typename Kernel::StrideD stride_d = cute::make_stride(ldd, cute::Int<1>{}, stride_batch_d);
+  cutlass::KernelHardwareInfo hw;
+  STITCH_CUDA_CHECK(cudaGetDevice(&hw.device_id));
+  hw.sm_count = static_cast<int>(stitch_cutlass_sms());
+  typename StitchSm90Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {static_cast<int>(M), static_cast<int>(N), static_cast<int>(Kp), static_cast<int>(batch)},
+      {a3, stride_a, b3, stride_b},
+      {{1.f, 0.f}, nullptr, typename Kernel::StrideC{}, D, stride_d},
+      hw};
+  StitchSm90Gemm gemm;
+  STITCH_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess, "CUTLASS SM90 GEMM: cannot implement");
+  const size_t bytes = StitchSm90Gemm::get_workspace_size(args);
+  stitch::Scratch workspace(bytes > 0 ? bytes : 1, stream);
+  STITCH_CHECK(gemm.initialize(args, workspace.ptr, stream) == cutlass::Status::kSuccess,
+               "CUTLASS SM90 GEMM: initialize failed");
+  STITCH_CHECK(gemm.run(stream) == cutlass::Status::kSuccess, "CUTLASS SM90 GEMM: launch failed");
+  STITCH_LAUNCH_CHECK();
+}
+
 // C[b] = A[b] @ B[b] (+ bias) on Hopper's tensor cores, float32-class accurate. false: not this device or
 // not this GEMM (C's rows not 16-byte aligned, sizes past int), nothing launched.
 bool stitch_cutlass_sm90(const float* A, const float* B, const float* bias, float* C, const int64_t* dims) {
@@ -243,44 +286,45 @@ bool stitch_cutlass_sm90(const float* A, const float* B, const float* bias, floa
     return false;
   cudaStream_t stream = stitch::current_stream();
   if (!stitch_sm90_ready(stream)) return false;
+  const bool with_bias = bias != nullptr;
+  const size_t row_bytes = static_cast<size_t>(Kp) * sizeof(float);
   // An operand shared by every batch (batch stride 0) is split once.
   const int64_t batches_a = batch > 1 && sAb != 0 ? batch : 1, batches_b = batch > 1 && sBb != 0 ? batch : 1;
-  stitch::Scratch a3(static_cast<size_t>(batches_a * M * Kp) * sizeof(float), stream);
-  stitch::Scratch b3(static_cast<size_t>(batches_b * N * Kp) * sizeof(float), stream);
-  const int64_t tiles_k = (K + 31) / 32;
-  const int64_t tiles_a = ((M + 31) / 32) * tiles_k, tiles_b = ((N + 31) / 32) * tiles_k;
-  STITCH_CHECK(tiles_a < limit && tiles_b < limit, "CUTLASS GEMM: operands too large to split");
-  stitch_tf32x3_split<<<dim3(static_cast<unsigned>(tiles_a), static_cast<unsigned>(batches_a)), 256, 0,
-                        stream>>>(A, sAb, sAm, sAk, M, K, Kp, tiles_k, false, nullptr, bias != nullptr,
-                                  static_cast<float*>(a3.ptr));
-  STITCH_LAUNCH_CHECK();
-  stitch_tf32x3_split<<<dim3(static_cast<unsigned>(tiles_b), static_cast<unsigned>(batches_b)), 256, 0,
-                        stream>>>(B, sBb, sBn, sBk, N, K, Kp, tiles_k, true, bias, bias != nullptr,
-                                  static_cast<float*>(b3.ptr));
-  STITCH_LAUNCH_CHECK();
-  using Kernel = StitchSm90Gemm::GemmKernel;
-  const typename Kernel::StrideA stride_a =
-      cute::make_stride(Kp, cute::Int<1>{}, batches_a > 1 ? M * Kp : int64_t{0});
-  const typename Kernel::StrideB stride_b =
-      cute::make_stride(Kp, cute::Int<1>{}, batches_b > 1 ? N * Kp : int64_t{0});
-  const typename Kernel::StrideD stride_d = cute::make_stride(N, cute::Int<1>{}, M * N);
-  cutlass::KernelHardwareInfo hw;
-  STITCH_CUDA_CHECK(cudaGetDevice(&hw.device_id));
-  hw.sm_count = static_cast<int>(stitch_cutlass_sms());
-  typename StitchSm90Gemm::Arguments args{
-      cutlass::gemm::GemmUniversalMode::kGemm,
-      {static_cast<int>(M), static_cast<int>(N), static_cast<int>(Kp), static_cast<int>(batch)},
-      {static_cast<const float*>(a3.ptr), stride_a, static_cast<const float*>(b3.ptr), stride_b},
-      {{1.f, 0.f}, nullptr, typename Kernel::StrideC{}, C, stride_d},
-      hw};
-  StitchSm90Gemm gemm;
-  STITCH_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess, "CUTLASS SM90 GEMM: cannot implement");
-  const size_t bytes = StitchSm90Gemm::get_workspace_size(args);
-  stitch::Scratch workspace(bytes > 0 ? bytes : 1, stream);
-  STITCH_CHECK(gemm.initialize(args, workspace.ptr, stream) == cutlass::Status::kSuccess,
-               "CUTLASS SM90 GEMM: initialize failed");
-  STITCH_CHECK(gemm.run(stream) == cutlass::Status::kSuccess, "CUTLASS SM90 GEMM: launch failed");
-  STITCH_LAUNCH_CHECK();
+  if (static_cast<size_t>(batches_a * M) * row_bytes <= kStitchSplitBytes &&
+      static_cast<size_t>(batches_b * N) * row_bytes <= kStitchSplitBytes) {
+    stitch::Scratch a3(static_cast<size_t>(batches_a * M) * row_bytes, stream);
+    stitch::Scratch b3(static_cast<size_t>(batches_b * N) * row_bytes, stream);
+    float* a = static_cast<float*>(a3.ptr);
+    float* b = static_cast<float*>(b3.ptr);
+    stitch_sm90_split(A, sAb, sAm, sAk, M, K, Kp, batches_a, false, nullptr, with_bias, a, stream);
+    stitch_sm90_split(B, sBb, sBn, sBk, N, K, Kp, batches_b, true, bias, with_bias, b, stream);
+    stitch_sm90_run(a, batches_a > 1 ? M * Kp : 0, b, batches_b > 1 ? N * Kp : 0, C, M, N, Kp, N, M * N,
+                    batch, stream);
+    return true;
+  }
+  // Panels: one batch at a time, up to kStitchSplitBytes of rows of A, then of columns of B (whole tiles).
+  const int64_t fit = static_cast<int64_t>(kStitchSplitBytes / row_bytes) / 128 * 128;
+  const int64_t panel = std::max<int64_t>(128, fit);
+  const int64_t panel_m = std::min(M, panel), panel_n = std::min(N, panel);
+  stitch::Scratch a3(static_cast<size_t>(panel_m) * row_bytes, stream);
+  stitch::Scratch b3(static_cast<size_t>(panel_n) * row_bytes, stream);
+  float* a = static_cast<float*>(a3.ptr);
+  float* b = static_cast<float*>(b3.ptr);
+  for (int64_t i = 0; i < batch; ++i) {
+    for (int64_t m0 = 0; m0 < M; m0 += panel_m) {
+      const int64_t rows = std::min(panel_m, M - m0);
+      stitch_sm90_split(A + i * sAb + m0 * sAm, 0, sAm, sAk, rows, K, Kp, 1, false, nullptr, with_bias, a,
+                        stream);
+      for (int64_t n0 = 0; n0 < N; n0 += panel_n) {
+        const int64_t cols = std::min(panel_n, N - n0);
+        // B's only panel of this batch is split once, for its first row panel.
+        if (m0 == 0 || panel_n < N)
+          stitch_sm90_split(B + i * sBb + n0 * sBn, 0, sBn, sBk, cols, K, Kp, 1, true,
+                            with_bias ? bias + n0 : nullptr, with_bias, b, stream);
+        stitch_sm90_run(a, 0, b, 0, C + i * M * N + m0 * N + n0, rows, cols, Kp, N, rows * N, 1, stream);
+      }
+    }
+  }
   return true;
 }
 """
