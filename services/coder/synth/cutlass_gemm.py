@@ -46,7 +46,8 @@ DECLARATION = f"{_HIDDEN} bool stitch_cutlass_gemm({_PARAMS});"
 KERNELS = frozenset({"cutlass", "cutlass_sm90"})
 SM90_CUDA_CFLAGS = ("-gencode=arch=compute_90a,code=sm_90a", "--threads=2")
 
-_TEMPLATE = r"""
+# The SM80 GEMM (instantiated per layout by the dispatch) and the SM count both GEMMs ask for.
+_SM80_GEMM = r"""
 // 128x128 block tiles of 16 along K, 64x64 warp tiles, m16n8k8 TF32 instructions, four pipeline stages
 // (cp.async), operands 16-byte aligned (4 floats); C row-major [batch, M, N].
 template <typename LayoutA, typename LayoutB>
@@ -56,14 +57,18 @@ using StitchCutlassGemm = cutlass::gemm::device::GemmUniversal<
     cutlass::gemm::GemmShape<16, 8, 8>, cutlass::epilogue::thread::LinearCombination<float, 4, float, float>,
     cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<>, 4, 4, 4,
     cutlass::arch::OpMultiplyAddFastF32>;
+"""
 
+_SMS = r"""
 int64_t stitch_cutlass_sms() {
   int device = 0, sms = 0;
   STITCH_CUDA_CHECK(cudaGetDevice(&device));
   STITCH_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   return sms;
 }
+"""
 
+_SM80_RUN = r"""
 // C[b] = A[b] @ B[b] (+ bias broadcast over the rows). false: CUTLASS cannot take this GEMM (alignment,
 // sizes), nothing launched.
 template <typename LayoutA, typename LayoutB>
@@ -184,6 +189,13 @@ __device__ __forceinline__ float stitch_tf32_round(float x) {
   return __uint_as_float((u + 0x1000u) & 0xffffe000u);
 }
 
+// A float as a TF32 pair: hi its TF32 rounding, lo the TF32 rounding of the residual (0 where hi is not
+// finite: Inf and NaN, or a float that rounds past the largest).
+__device__ __forceinline__ void stitch_tf32_pair(float v, float& hi, float& lo) {
+  hi = stitch_tf32_round(v);
+  lo = isfinite(hi) ? stitch_tf32_round(v - hi) : 0.f;
+}
+
 // One operand, rows R (M of A, N of B) by depth K read at src[b * sb + r * sr + k * sk], written K-major as
 // out[b][r][0..Kp): A as [hi | hi | lo], B as [hi | lo | hi] (b_side), then the bias columns (A: two ones;
 // B: the bias's hi and lo parts) and zeros to Kp. 32x32 tiles through shared memory, loaded along whichever
@@ -208,8 +220,8 @@ __global__ void __launch_bounds__(256)
     const int kk = i % 32, rr = i / 32;
     const int64_t r = r0 + rr, k = k0 + kk;
     if (r >= R || k >= K) continue;
-    const float v = tile[rr][kk], hi = stitch_tf32_round(v);
-    const float lo = isfinite(hi) ? stitch_tf32_round(v - hi) : 0.f;
+    float hi, lo;
+    stitch_tf32_pair(tile[rr][kk], hi, lo);
     float* row = dst + r * Kp;
     row[k] = hi;
     row[K + k] = b_side ? lo : hi;
@@ -224,8 +236,9 @@ __global__ void __launch_bounds__(256)
       if (!b_side) {
         v = 1.f;
       } else {
-        const float hi = stitch_tf32_round(bias[r]);
-        v = c == 0 ? hi : (isfinite(hi) ? stitch_tf32_round(bias[r] - hi) : 0.f);
+        float hi, lo;
+        stitch_tf32_pair(bias[r], hi, lo);
+        v = c == 0 ? hi : lo;
       }
     }
     dst[r * Kp + 3 * K + c] = v;
@@ -251,14 +264,11 @@ void stitch_sm90_split(const float* src, int64_t sb, int64_t sr, int64_t sk, int
 // D (rows ldd apart, batches M * N apart) = A3 @ B3^T over Kp: the GEMM of split operands.
 void stitch_sm90_run(const float* a3, int64_t batch_a, const float* b3, int64_t batch_b, float* D, int64_t M,
                      int64_t N, int64_t Kp, int64_t ldd, int64_t stride_batch_d, int64_t batch,
-                     cudaStream_t stream) {
+                     const cutlass::KernelHardwareInfo& hw, cudaStream_t stream) {
   using Kernel = StitchSm90Gemm::GemmKernel;
   const typename Kernel::StrideA stride_a = cute::make_stride(Kp, cute::Int<1>{}, batch_a);
   const typename Kernel::StrideB stride_b = cute::make_stride(Kp, cute::Int<1>{}, batch_b);
   const typename Kernel::StrideD stride_d = cute::make_stride(ldd, cute::Int<1>{}, stride_batch_d);
-  cutlass::KernelHardwareInfo hw;
-  STITCH_CUDA_CHECK(cudaGetDevice(&hw.device_id));
-  hw.sm_count = static_cast<int>(stitch_cutlass_sms());
   typename StitchSm90Gemm::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
       {static_cast<int>(M), static_cast<int>(N), static_cast<int>(Kp), static_cast<int>(batch)},
@@ -286,6 +296,9 @@ bool stitch_cutlass_sm90(const float* A, const float* B, const float* bias, floa
     return false;
   cudaStream_t stream = stitch::current_stream();
   if (!stitch_sm90_ready(stream)) return false;
+  cutlass::KernelHardwareInfo hw;
+  STITCH_CUDA_CHECK(cudaGetDevice(&hw.device_id));
+  hw.sm_count = static_cast<int>(stitch_cutlass_sms());
   const bool with_bias = bias != nullptr;
   const size_t row_bytes = static_cast<size_t>(Kp) * sizeof(float);
   // An operand shared by every batch (batch stride 0) is split once.
@@ -299,7 +312,7 @@ bool stitch_cutlass_sm90(const float* A, const float* B, const float* bias, floa
     stitch_sm90_split(A, sAb, sAm, sAk, M, K, Kp, batches_a, false, nullptr, with_bias, a, stream);
     stitch_sm90_split(B, sBb, sBn, sBk, N, K, Kp, batches_b, true, bias, with_bias, b, stream);
     stitch_sm90_run(a, batches_a > 1 ? M * Kp : 0, b, batches_b > 1 ? N * Kp : 0, C, M, N, Kp, N, M * N,
-                    batch, stream);
+                    batch, hw, stream);
     return true;
   }
   // Panels: one batch at a time, up to kStitchSplitBytes of rows of A, then of columns of B (whole tiles).
@@ -321,7 +334,7 @@ bool stitch_cutlass_sm90(const float* A, const float* B, const float* bias, floa
         if (m0 == 0 || panel_n < N)
           stitch_sm90_split(B + i * sBb + n0 * sBn, 0, sBn, sBk, cols, K, Kp, 1, true,
                             with_bias ? bias + n0 : nullptr, with_bias, b, stream);
-        stitch_sm90_run(a, 0, b, 0, C + i * M * N + m0 * N + n0, rows, cols, Kp, N, rows * N, 1, stream);
+        stitch_sm90_run(a, 0, b, 0, C + i * M * N + m0 * N + n0, rows, cols, Kp, N, rows * N, 1, hw, stream);
       }
     }
   }
@@ -330,19 +343,21 @@ bool stitch_cutlass_sm90(const float* A, const float* B, const float* bias, floa
 """
 
 _ENTRY = r"""
-// dims: batch, M, N, K, then the strides sAb, sAm, sAk, sBb, sBk, sBn (stitch_gemm_launch's). A layout is
-// row-major where its unit stride is along K (A) or N (B), column-major where it is along M (A) or K (B).
+// dims: batch, M, N, K, then the strides sAb, sAm, sAk, sBb, sBk, sBn (stitch_gemm_launch's).
 __HIDDEN__ bool stitch_cutlass_gemm(__PARAMS__) {
-  const int64_t sAm = dims[5], sAk = dims[6], sBk = dims[8], sBn = dims[9];
-  const bool a_row = sAk == 1, a_col = !a_row && sAm == 1, b_row = sBn == 1, b_col = !b_row && sBk == 1;
-  (void)a_row;
-  (void)a_col;
-  (void)b_row;
-  (void)b_col;
-__DISPATCH__
-  return false;
+__BODY__
 }
 """
+# The SM80 entry's body: the instantiated layout the operands' strides match.
+_SM80_DISPATCH = """\
+  // A layout is row-major where its unit stride is along K (A) or N (B), column-major where it is along M
+  // (A) or K (B).
+  const int64_t sAm = dims[5], sAk = dims[6], sBk = dims[8], sBn = dims[9];
+  const bool a_row = sAk == 1, a_col = !a_row && sAm == 1, b_row = sBn == 1, b_col = !b_row && sBk == 1;
+  (void)a_col;
+  (void)b_col;
+__DISPATCH__
+  return false;"""
 
 
 def _layout(value: Value) -> str | None:
@@ -386,16 +401,21 @@ def source(
     """cutlass_gemm.cu for these layouts; `bridge` declares the stream, scratch memory and checks forward.cpp
     defines (cuda.BRIDGE), `header` is the program's shared header. sm90: the Hopper GEMM instead, which
     takes every layout (the layouts are not instantiated)."""
-    dispatch = (
-        ["  if (stitch_cutlass_sm90(A, B, bias, C, dims)) return true;"]
+    dispatch = [
+        f"  if (a_{a} && b_{b})\n"
+        f"    return stitch_cutlass_run<{_LAYOUT[a]}, {_LAYOUT[b]}>(A, "
+        f"{'sAm' if a == ROW else 'sAk'}, B, {'sBk' if b == ROW else 'sBn'}, bias, C, dims);"
+        for a, b in sorted(layouts)
+    ]
+    body = (
+        "  return stitch_cutlass_sm90(A, B, bias, C, dims);"
         if sm90
-        else [
-            f"  if (a_{a} && b_{b})\n"
-            f"    return stitch_cutlass_run<{_LAYOUT[a]}, {_LAYOUT[b]}>(A, "
-            f"{'sAm' if a == ROW else 'sAk'}, B, {'sBk' if b == ROW else 'sBn'}, bias, C, dims);"
-            for a, b in sorted(layouts)
-        ]
+        else _SM80_DISPATCH.replace("__DISPATCH__", "\n".join(dispatch))
     )
+    sm80_headers = [
+        "#include <cutlass/epilogue/thread/linear_combination.h>",
+        "#include <cutlass/gemm/device/gemm_universal.h>",
+    ]
     sm90_headers = [
         "#include <cute/tensor.hpp>",
         "#include <cutlass/epilogue/collective/collective_builder.hpp>",
@@ -422,17 +442,12 @@ def source(
             "// Every CUTLASS symbol this unit instantiates stays inside the program's .so.",
             "#pragma GCC visibility push(hidden)",
             "#include <cutlass/cutlass.h>",
-            "#include <cutlass/epilogue/thread/linear_combination.h>",
-            "#include <cutlass/gemm/device/gemm_universal.h>",
-            *(sm90_headers if sm90 else []),
+            *(sm90_headers if sm90 else sm80_headers),
             bridge,
             "namespace {",
-            _TEMPLATE,
-            _SM90 if sm90 else "",
+            *([_SMS, _SM90] if sm90 else [_SM80_GEMM + _SMS + _SM80_RUN]),
             "}  // namespace",
-            _ENTRY.replace("__PARAMS__", _PARAMS)
-            .replace("__HIDDEN__", _HIDDEN)
-            .replace("__DISPATCH__", "\n".join(dispatch)),
+            _ENTRY.replace("__PARAMS__", _PARAMS).replace("__HIDDEN__", _HIDDEN).replace("__BODY__", body),
             "#pragma GCC visibility pop",
         ]
     )

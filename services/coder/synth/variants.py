@@ -125,6 +125,19 @@ def features_of(values: dict[str, str] | Any) -> frozenset[str] | None:
     return frozenset(x for x in str(raw).split(",") if x) if raw is not None else None
 
 
+def _simpler_gemm_kernels(previous: Variant, why: str) -> list[tuple[Variant, str]]:
+    """The GEMM kernels to step back to after a failure of a CUTLASS one (CUDA, own GEMMs): Hopper's to
+    SM80's, then either to the synthesizer's own."""
+    steps: list[tuple[Variant, str]] = []
+    if previous.gemm != "custom":
+        return steps
+    if previous.gemm_kernel == "cutlass_sm90":
+        steps.append((previous.with_(gemm_kernel="cutlass"), f"{why}: CUTLASS's SM80 GEMM, not SM90's"))
+    if previous.gemm_kernel != "own":
+        steps.append((previous.with_(gemm_kernel="own"), f"{why}: the own GEMM kernels, not CUTLASS"))
+    return steps
+
+
 def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> list[tuple[Variant, str]]:
     """Variants to try next, most promising first, each with the reason it was chosen."""
     out: list[tuple[Variant, str]] = []
@@ -132,14 +145,8 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
     text = " ".join([verdict.reason, verdict.feedback, " ".join(rules)]).lower()
     if verdict.build.error or (not verdict.compiled and verdict.build.ok is False and verdict.reason):
         # A build failure of generated code: step to the most conservative code shapes.
-        if cuda and previous.gemm == "custom" and previous.gemm_kernel == "cutlass_sm90":
-            out.append(
-                (previous.with_(gemm_kernel="cutlass"), "the build failed: CUTLASS's SM80 GEMM, not SM90's")
-            )
-        if cuda and previous.gemm == "custom" and previous.gemm_kernel != "own":
-            out.append(
-                (previous.with_(gemm_kernel="own"), "the build failed: the own GEMM kernels, not CUTLASS")
-            )
+        if cuda:
+            out.extend(_simpler_gemm_kernels(previous, "the build failed"))
         out.append((previous.with_(vec="1"), "the build failed: scalar accesses instead of float4"))
         if cuda and previous.gemm == "custom" and previous.epilogue != "kernel":
             out.append(
@@ -154,10 +161,8 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
             out.append(
                 (previous.with_(acc="double"), f"close miss (rel_l2 {worst:.2e} vs {tol:.2e}): double sums")
             )
-        if cuda and previous.gemm == "custom" and previous.gemm_kernel == "cutlass_sm90":
-            out.append((previous.with_(gemm_kernel="cutlass"), "mismatch: CUTLASS's SM80 GEMM, not SM90's"))
-        if cuda and previous.gemm == "custom" and previous.gemm_kernel != "own":
-            out.append((previous.with_(gemm_kernel="own"), "mismatch: the own GEMM kernels, not CUTLASS"))
+        if cuda:
+            out.extend(_simpler_gemm_kernels(previous, "mismatch"))
         if cuda and previous.gemm == "custom" and previous.mma != "simt":
             out.append((previous.with_(mma="simt"), "mismatch: SIMT float32 GEMM/convolution products"))
         if cuda and previous.gemm == "custom" and previous.epilogue != "kernel":

@@ -242,10 +242,9 @@ def test_sm90_unit_compiles_for_sm90a_without_serialized_wgmma(tmp_path: Path) -
     synthesis = Synthesizer(in_process=True).synthesize(
         TRANSPOSED, None, variant=SM90, device="cuda", policy=KernelPolicy(STRICT)
     )
-    unit = tmp_path / cutlass_gemm.FILE
-    unit.write_text(dict(synthesis.files)[cutlass_gemm.FILE])
     for name, text in synthesis.files.items():
         (tmp_path / name).write_text(text)
+    unit = tmp_path / cutlass_gemm.FILE
     command = [
         *nvcc_command(unit, tmp_path / "unit.o"),
         *cutlass.build_flags([unit.read_text()]),
