@@ -158,3 +158,8 @@ class Keys:
         # Shared by all tenants: the key is a hash of the sources, flags and toolchain, so a hit
         # reveals nothing a tenant did not already hold.
         return f"cache/builds/{content_hash}.tar.gz"
+
+    @staticmethod
+    def object_cache(content_hash: str) -> str:
+        # One compiled unit shared by builds (services/verifier/build.py): keyed, like a build, by content.
+        return f"cache/objects/{content_hash}.o"

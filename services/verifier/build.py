@@ -6,6 +6,12 @@ then one folder holding every .so. The cache key covers the sources and headers,
 backend), the CUDA arch list
 and the toolchain (torch, CUDA, compiler, Python ABI), never model_new.py: candidates that differ only in
 their Python glue share one build. A build is a tar.gz of the built .so under Keys.build_cache(key).
+
+Inside a build, a unit that instantiates CUTLASS/CuTe templates (most of a build's compile time) is compiled
+once per content: its object is kept under Keys.object_cache(key), keyed by the unit's text, the candidate's
+headers it includes, the flags and the toolchain, and a later build whose unit is the same links that object
+instead of compiling it again (the built-in Coder's GEMM unit is the same in every program it writes). Only
+the Verifier's builds write the objects; a candidate's run never sees them.
 """
 
 from __future__ import annotations
@@ -85,10 +91,8 @@ def _native_sources(candidate: code_pb2.Candidate) -> list[str]:
 
 
 def cutlass_flags(candidate: code_pb2.Candidate) -> list[str]:
-    """CUTLASS's include folder for a CUDA build whose sources include its headers (shared/cutlass.py): the
+    """CUTLASS's include folder for a build whose sources include its headers (shared/cutlass.py): the
     build environment provides CUTLASS as it provides torch, so a candidate names no machine's path."""
-    if candidate.build.backend != "cuda":
-        return []
     return cutlass.build_flags(_native_sources(candidate))
 
 
@@ -110,9 +114,73 @@ def cache_key(candidate: code_pb2.Candidate, arch_list: str) -> str:
         "files": files,
         "toolchain": toolchain(build.backend, arch_list),
     }
-    if build.backend == "cuda" and cutlass.used_by(_native_sources(candidate)):
+    if cutlass.used_by(_native_sources(candidate)):
         doc["cutlass"] = cutlass.version()
     return sha256_hex(json.dumps(doc, sort_keys=True))
+
+
+# What makes a unit's object differ between two builds of the same text and flags: the extension's name (the
+# only flag cpp_extension varies per build) and relocatable device code (objects then need a device link).
+_NAMED = re.compile(r"\b(?:TORCH_EXTENSION_NAME|PYBIND11_MODULE)\b")
+_QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+_RELOCATABLE = re.compile(r"^(?:-rdc|--relocatable-device-code|-dc|--device-c)\b")
+
+
+def _reads(path: str, texts: dict[str, str]) -> list[str]:
+    """The candidate's files a source reads: itself and, transitively, the candidate's headers it includes
+    (by path beside it or by name)."""
+    by_name: dict[str, str] = {}
+    for name in texts:
+        by_name.setdefault(os.path.basename(name), name)
+    seen = [path]
+    for current in seen:
+        for inc in _QUOTED_INCLUDE.findall(texts.get(current, "")):
+            beside = os.path.normpath(os.path.join(os.path.dirname(current), inc))
+            found = beside if beside in texts else by_name.get(os.path.basename(inc))
+            if found and found not in seen:
+                seen.append(found)
+    return seen
+
+
+def shared_units(candidate: code_pb2.Candidate) -> dict[str, list[str]]:
+    """The sources whose compiled objects later builds may share (each with the candidate's files it reads):
+    units that include CUTLASS and never expand the extension's name. None where the build has no other
+    source (the object is then the whole build, cached as such) or compiles relocatable device code."""
+    build = candidate.build
+    if len(build.sources) < 2 or any(_RELOCATABLE.match(f) for f in [*build.cflags, *build.cuda_cflags]):
+        return {}
+    texts = {f.path: f.content for f in candidate.files if not f.path.endswith(".py")}
+    units = {}
+    for source in build.sources:
+        reads = _reads(source, texts)
+        read = [texts[p] for p in reads if p in texts]
+        if source in texts and cutlass.used_by(read[:1]) and not any(_NAMED.search(t) for t in read):
+            units[source] = reads
+    if len(units) == len(build.sources):
+        units.pop(build.sources[-1])
+    return units
+
+
+def object_key(candidate: code_pb2.Candidate, source: str, reads: list[str], arch_list: str) -> str:
+    """The content key of one unit's object: its text, the headers it reads, the flags, the toolchain."""
+    build = candidate.build
+    texts = {f.path: f.content for f in candidate.files}
+    doc = {
+        "unit": source,
+        "files": {p: sha256_hex(texts[p]) for p in reads if p in texts},
+        "backend": build.backend,
+        "cflags": list(build.cflags),
+        "cuda_cflags": list(build.cuda_cflags),
+        "toolchain": toolchain(build.backend, arch_list),
+        "cutlass": cutlass.version(),
+    }
+    return sha256_hex(json.dumps(doc, sort_keys=True))
+
+
+def object_name(source: str, with_cuda: bool) -> str:
+    """The object cpp_extension writes for a source in the build folder (`k.cu` -> `k.cuda.o`)."""
+    stem, ext = os.path.splitext(os.path.basename(source))
+    return f"{stem}.cuda.o" if with_cuda and ext in (".cu", ".cuh") else f"{stem}.o"
 
 
 def split(candidate: code_pb2.Candidate) -> list[code_pb2.Candidate]:
@@ -167,6 +235,7 @@ class Builder:
         self.root = settings.build_root()
         self.root.mkdir(parents=True, exist_ok=True)
         self.compiles = 0  # real compilations by this builder (cache misses), for metrics and tests
+        self.objects_reused = 0  # shared units linked from their objects instead of compiled
 
     def key(self, candidate: code_pb2.Candidate) -> str:
         parts = [cache_key(one, self.settings.cuda_arch_list) for one in split(candidate)]
@@ -287,8 +356,109 @@ class Builder:
             log.warning("could not store build %s in the artifact store: %s", key[:12], exc)
 
     def _compile(self, candidate: code_pb2.Candidate, target: Path) -> tuple[bool, str, str, bool]:
-        """(ok, first error, log tail, whether a failure is deterministic and may be cached)."""
+        """(ok, first error, log tail, whether a failure is deterministic and may be cached). Units other
+        builds compiled already are linked from their objects; a build that fails linking one is built
+        again from sources (an object cache can only ever cost time, never a verdict)."""
+        units = shared_units(candidate)
+        keys = {
+            s: object_key(candidate, s, reads, self.settings.cuda_arch_list) for s, reads in units.items()
+        }
+        with self._claims(keys) as objects:
+            ok, error, tail, deterministic, made = self._compile_with(candidate, target, objects)
+            if not ok and objects and (error.startswith("link error") or "stitch-objects" in tail):
+                log.warning(
+                    "build %s failed linking shared objects (%s); building from sources",
+                    target.name[:12],
+                    error,
+                )
+                for key in {keys[s] for s in objects}:
+                    self._drop_object(key)
+                objects = {}
+                ok, error, tail, deterministic, made = self._compile_with(candidate, target, objects)
+            if ok:
+                self.objects_reused += len(objects)
+                if objects:
+                    log.info("build %s: %s linked from shared objects", target.name[:12], ", ".join(objects))
+                for source, path in made.items():
+                    if source in keys and source not in objects:
+                        self._keep_object(keys[source], path)
+            for path in made.values():
+                path.unlink(missing_ok=True)
+        return ok, error, tail, deterministic
+
+    @contextlib.contextmanager
+    def _claims(self, keys: dict[str, str]) -> Iterator[dict[str, Path]]:
+        """The shared units' objects there are (by source), holding a claim on each missing one while the
+        build compiles it. Builds on this worker that need a unit another is compiling wait for it first
+        (four builds of one GEMM unit at once took 80 s each, one alone 31 s); a build never waits while it
+        holds a claim, so two builds never wait on each other."""
+        self.objects_dir.mkdir(exist_ok=True)
+        missing = [key for key in sorted(set(keys.values())) if self._object(key) is None]
+        for key in missing:  # wait out any build compiling it now
+            with open(self.objects_dir / f".{key}.lock", "w") as fh:
+                fcntl.flock(fh, fcntl.LOCK_EX)
+        held = []
+        try:
+            objects = {s: obj for s, key in keys.items() if (obj := self._object(key)) is not None}
+            for key in sorted({keys[s] for s in keys if s not in objects}):
+                fh = open(self.objects_dir / f".{key}.lock", "w")  # noqa: SIM115 (held until the build ends)
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held.append(fh)
+                except OSError:  # claimed meanwhile: compiled here too rather than waited for
+                    fh.close()
+            yield objects
+        finally:
+            for fh in held:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+                fh.close()
+
+    @property
+    def objects_dir(self) -> Path:
+        return self.root / "objects"
+
+    def _object(self, key: str) -> Path | None:
+        """A shared unit's object: this worker's copy, else the artifact store's (kept here then)."""
+        local = self.objects_dir / f"{key}.o"
+        if local.is_file():
+            return local
+        try:
+            blob = self.artifacts.get(Keys.object_cache(key))
+        except NotFound:
+            return None
+        self._write_object(key, blob)
+        return local
+
+    def _drop_object(self, key: str) -> None:
+        (self.objects_dir / f"{key}.o").unlink(missing_ok=True)
+        try:
+            self.artifacts.delete(Keys.object_cache(key))
+        except Exception as exc:
+            log.warning("could not drop object %s from the artifact store: %s", key[:12], exc)
+
+    def _write_object(self, key: str, blob: bytes) -> None:
+        self.objects_dir.mkdir(exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.objects_dir, prefix=".obj-")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(blob)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, self.objects_dir / f"{key}.o")
+
+    def _keep_object(self, key: str, path: Path) -> None:
+        blob = path.read_bytes()
+        self._write_object(key, blob)
+        try:
+            self.artifacts.put(Keys.object_cache(key), blob, "application/octet-stream")
+        except Exception as exc:  # a cache we cannot fill only costs a compile elsewhere
+            log.warning("could not store object %s in the artifact store: %s", key[:12], exc)
+
+    def _compile_with(
+        self, candidate: code_pb2.Candidate, target: Path, objects: dict[str, Path]
+    ) -> tuple[bool, str, str, bool, dict[str, Path]]:
+        """One sandboxed build, linking `objects` in place of their sources; also returns the objects it
+        compiled (copied out of the build folder, by source) for the object cache."""
         name = candidate.build.extension_name
+        with_cuda = candidate.build.backend == "cuda"
         self.compiles += 1
         run_dir = Path(tempfile.mkdtemp(dir=self.root, prefix=".build-"))
         try:
@@ -302,10 +472,14 @@ class Builder:
                     continue
                 path = src / f.path
                 if ".." in Path(f.path).parts or Path(f.path).is_absolute():
-                    return False, f"source path escapes the candidate folder: {f.path}", "", False
+                    return False, f"source path escapes the candidate folder: {f.path}", "", False, {}
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(f.content)
-            for path in [src, *src.rglob("*")]:
+            linked = work / "stitch-objects"
+            linked.mkdir()
+            for i, obj in enumerate(objects.values()):
+                shutil.copyfile(obj, linked / f"{i}.o")
+            for path in [src, *src.rglob("*"), linked, *linked.iterdir()]:
                 path.chmod(0o755 if path.is_dir() else 0o644)
             mounts = {"src": Mount(src), "work": Mount(work, writable=True)}
             inside = self.sandbox.paths(mounts)
@@ -315,17 +489,21 @@ class Builder:
             try:
                 provided = cutlass_flags(candidate)
             except FileNotFoundError as exc:
-                return False, str(exc), "", False
+                return False, str(exc), "", False, {}
+            compiled = [s for s in candidate.build.sources if s not in objects]
             header = {
                 "nonce": nonce,
                 "name": name,
-                "sources": [f"{inside['src']}/{s}" for s in candidate.build.sources],
-                "cflags": list(candidate.build.cflags),
+                "sources": [f"{inside['src']}/{s}" for s in compiled],
+                "cflags": [*candidate.build.cflags, *provided],
                 "cuda_cflags": [*candidate.build.cuda_cflags, *provided],
-                "ldflags": list(candidate.build.ldflags),
+                "ldflags": [
+                    *candidate.build.ldflags,
+                    *(f"{inside['work']}/stitch-objects/{i}.o" for i in range(len(objects))),
+                ],
                 "build_dir": out_dir,
-                "with_cuda": candidate.build.backend == "cuda",
-                "arch_list": self.settings.cuda_arch_list if candidate.build.backend == "cuda" else "",
+                "with_cuda": with_cuda,
+                "arch_list": self.settings.cuda_arch_list if with_cuda else "",
             }
             spec = RunSpec(
                 script="build_ext.py",
@@ -348,7 +526,15 @@ class Builder:
                 staging.chmod(0o755)
                 shutil.rmtree(target, ignore_errors=True)
                 os.replace(staging, target)
-                return True, "", "", True
+                made = {}
+                for source in compiled:
+                    obj = work / "out" / object_name(source, with_cuda)
+                    if obj.is_file():
+                        fd, kept = tempfile.mkstemp(dir=self.root, prefix=".obj-")
+                        os.close(fd)
+                        shutil.copyfile(obj, kept)
+                        made[source] = Path(kept)
+                return True, "", "", True, made
             text = (record[0].get("error", "") if record else "") or outcome.log_tail
             if not record:
                 text = f"{outcome.crash_reason()}\n{text}"
@@ -365,6 +551,6 @@ class Builder:
             if deterministic:
                 target.mkdir(parents=True, exist_ok=True)
                 (target / FAILURE).write_text(json.dumps({"error": error, "log_tail": text[-4000:]}))
-            return False, error, text[-4000:], deterministic
+            return False, error, text[-4000:], deterministic, {}
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)

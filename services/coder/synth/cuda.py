@@ -1240,7 +1240,7 @@ def emit(
     # In name order, as the Coder's answer parser lists an answer's sources (the same program either way).
     files = {BINDING_FILE: binding, HOST_FILE: source, KERNELS_FILE: device}
     if "cutlass" in host.helpers:
-        files[cutlass_gemm.FILE] = cutlass_gemm.source(ext_name, layouts, BRIDGE, HEADER_NAME, sm90=sm90)
+        files[cutlass_gemm.FILE] = cutlass_gemm.source(layouts, BRIDGE, HEADER_NAME, sm90=sm90)
         files = dict(sorted(files.items()))
     extra = list(cutlass_gemm.SM90_CUDA_CFLAGS) if sm90 and "cutlass" in host.helpers else []
     return files, list(CFLAGS), [*CUDA_CFLAGS, *extra], list(LDFLAGS)

@@ -395,9 +395,7 @@ def layouts_of(graph: Graph, ops: list[Op]) -> set[tuple[str, str]]:
     return found
 
 
-def source(
-    ext_name: str, layouts: set[tuple[str, str]], bridge: str, header: str, *, sm90: bool = False
-) -> str:
+def source(layouts: set[tuple[str, str]], bridge: str, header: str, *, sm90: bool = False) -> str:
     """cutlass_gemm.cu for these layouts; `bridge` declares the stream, scratch memory and checks forward.cpp
     defines (cuda.BRIDGE), `header` is the program's shared header. sm90: the Hopper GEMM instead, which
     takes every layout (the layouts are not instantiated)."""
@@ -427,8 +425,10 @@ def source(
     ]
     return "\n".join(
         [
-            f"// {ext_name}: synthesized by StitchCUDA's built-in coder (CUDA backend), the GEMMs as CUTLASS",
+            "// Synthesized by StitchCUDA's built-in coder (CUDA backend): the GEMMs as CUTLASS",
             "// templates instantiated here (3xTF32 tensor-op GEMM); kernels.cu calls stitch_cutlass_gemm.",
+            "// No program's name here: programs with alike GEMMs carry the same text, and the",
+            "// Verifier's builds share its compiled object.",
             "// CUTLASS's device-side asserts off: a call in a wgmma pipeline serializes it.",
             "#define NDEBUG 1",
             f'#include "{header}"',

@@ -18,6 +18,7 @@ from stitchcuda.coder.synth.synthesizer import Synthesizer, to_candidate
 from stitchcuda.coder.synth.variants import Variant, proposals
 from stitchcuda.shared import cutlass
 from stitchcuda.shared.policy import STRICT, KernelPolicy
+from stitchcuda.verifier.build import object_key, shared_units
 from stitchcuda.verifier.static import scan
 
 LINEAR_RELU = """
@@ -228,6 +229,22 @@ def test_sm90_gemm_serves_every_layout_with_one_instantiation() -> None:
         LINEAR_RELU, None, variant=CUTLASS, device="cuda", policy=KernelPolicy(STRICT)
     )
     assert not any("sm_90a" in f for f in plain.build.cuda_cflags), "only the Hopper GEMM needs sm_90a"
+
+
+def test_sm90_unit_is_one_object_for_every_program() -> None:
+    # The Verifier's builds share a unit's object by content (services/verifier/build.py): the Hopper GEMM
+    # unit of programs with different GEMMs, layouts and tails keys the same object; their kernels do not.
+    keys = []
+    for source in (TRANSPOSED, LINEAR_RELU, BMM):
+        candidate = to_candidate(
+            Synthesizer(in_process=True).synthesize(
+                source, None, variant=SM90, device="cuda", policy=KernelPolicy(STRICT)
+            )
+        )
+        units = shared_units(candidate)
+        assert list(units) == [cutlass_gemm.FILE], "only the CUTLASS unit is shared"
+        keys.append(object_key(candidate, cutlass_gemm.FILE, units[cutlass_gemm.FILE], "9.0"))
+    assert len(set(keys)) == 1
 
 
 def test_sm90_gemm_falls_back_after_a_failure() -> None:

@@ -9,7 +9,7 @@ from stitchcuda.shared import cutlass
 from stitchcuda.shared.artifacts import LocalArtifactStore
 from stitchcuda.shared.candidate import read_dir
 from stitchcuda.shared.isolation import system_binds
-from stitchcuda.verifier.build import cache_key, cutlass_flags, first_error
+from stitchcuda.verifier.build import cache_key, cutlass_flags, first_error, object_key, shared_units
 from stitchcuda.verifier.service import VerifierService
 
 
@@ -104,3 +104,110 @@ def test_a_cutlass_build_without_the_package_fails_saying_what_to_install(monkey
     monkeypatch.setattr(cutlass, "include_dir", lambda: None)
     with pytest.raises(FileNotFoundError, match=r"stitchcuda\[cuda\]"):
         cutlass_flags(cutlass_candidate())
+
+
+# A unit that instantiates CUTLASS (a host-only header here, so the CPU builder compiles it): the same text in
+# two programs is compiled once, its object linked into the second.
+SHARED_UNIT = """#include <cutlass/uint128.h>
+#include <cstdint>
+uint64_t unit_high_product(uint64_t a, uint64_t b) {
+  return static_cast<uint64_t>((cutlass::uint128_t(a) * b) >> 64);
+}
+"""
+
+
+def binding(tag: str) -> str:
+    return f"""#include <torch/extension.h>
+#include <cstdint>
+uint64_t unit_high_product(uint64_t a, uint64_t b);
+int64_t high_{tag}(int64_t a, int64_t b) {{ return (int64_t)unit_high_product((uint64_t)a, (uint64_t)b); }}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{ m.def("high", &high_{tag}); }}
+"""
+
+
+def two_unit_candidate(tag: str):
+    cand = read_dir(FIXTURES / "honest_cpu")
+    del cand.files[:]
+    cand.files.add(path="model_new.py", content="# glue\n")
+    cand.files.add(path="binding.cpp", content=binding(tag))
+    cand.files.add(path="unit.cpp", content=SHARED_UNIT)
+    cand.build.extension_name = f"sc_test_shared_{tag}"
+    del cand.build.sources[:]
+    cand.build.sources.extend(["binding.cpp", "unit.cpp"])
+    return cand
+
+
+def call_high(service: VerifierService, result, name: str) -> int:
+    import importlib.util
+
+    import torch  # noqa: F401  (the extension links against torch's libraries)
+
+    so = service.builder.local_dir(result.cache_key) / f"{name}.so"
+    spec = importlib.util.spec_from_file_location(name, so)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return int(module.high(1 << 40, 1 << 40))
+
+
+def test_only_units_that_instantiate_cutlass_and_never_name_the_extension_are_shared():
+    cand = two_unit_candidate("a")
+    assert list(shared_units(cand)) == ["unit.cpp"]
+    named = two_unit_candidate("a")
+    named.files[2].content += "\n// built for TORCH_EXTENSION_NAME\n"
+    assert shared_units(named) == {}, "an object that expands the extension's name is its build's own"
+    relocatable = two_unit_candidate("a")
+    relocatable.build.cflags.append("-rdc=true")
+    assert shared_units(relocatable) == {}
+    alone = two_unit_candidate("a")
+    del alone.build.sources[0]
+    assert shared_units(alone) == {}, "a build of one source is cached whole"
+    # The key follows the unit, the headers it includes, the flags; never the other sources.
+    reads = shared_units(cand)["unit.cpp"]
+    key = object_key(cand, "unit.cpp", reads, "9.0")
+    assert object_key(two_unit_candidate("b"), "unit.cpp", reads, "9.0") == key
+    flagged = two_unit_candidate("a")
+    flagged.build.cflags.append("-DOTHER")
+    assert object_key(flagged, "unit.cpp", reads, "9.0") != key
+    with_header = two_unit_candidate("a")
+    with_header.files[2].content = '#include "shared.h"\n' + SHARED_UNIT
+    with_header.files.add(path="shared.h", content="#pragma once\n")
+    reads = shared_units(with_header)["unit.cpp"]
+    assert reads == ["unit.cpp", "shared.h"]
+    edited = two_unit_candidate("a")
+    edited.files[2].content = with_header.files[2].content
+    edited.files.add(path="shared.h", content="#pragma once\n#define EDITED 1\n")
+    assert object_key(edited, "unit.cpp", reads, "9.0") != object_key(with_header, "unit.cpp", reads, "9.0")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(cutlass.include_dir() is None, reason="the nvidia-cutlass package is not installed")
+def test_a_unit_another_build_compiled_is_linked_from_its_object(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = LocalArtifactStore(tmp_path / "store")
+    first = VerifierService(fast_settings(tmp_path / "w1"), artifacts=store)
+    # Two programs with the same unit built at once on one worker: one compiles it, the other waits for
+    # that and links its object.
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(lambda t: first.build(two_unit_candidate(t), device="cpu"), ["a", "b"])
+    assert a.ok and b.ok, (a.error, b.error)
+    assert first.builder.objects_reused == 1
+    assert call_high(first, b, "sc_test_shared_b") == 1 << 16
+    key = object_key(two_unit_candidate("a"), "unit.cpp", ["unit.cpp"], first.settings.cuda_arch_list)
+    assert store.exists(f"cache/objects/{key}.o"), "the compiled unit is kept for other builds"
+    # Another worker fetches the object from the shared store.
+    second = VerifierService(fast_settings(tmp_path / "w2"), artifacts=store)
+    c = second.build(two_unit_candidate("c"), device="cpu")
+    assert c.ok, c.error
+    assert second.builder.objects_reused == 1
+    assert call_high(second, c, "sc_test_shared_c") == 1 << 16
+    # A broken object never costs a verdict: the build that cannot link it builds from sources.
+    (second.builder.objects_dir / f"{key}.o").write_bytes(b"not an object")
+    d = second.build(two_unit_candidate("d"), device="cpu")
+    assert d.ok, d.error
+    assert second.builder.objects_reused == 1, "the broken object was not counted as linked"
+    assert call_high(second, d, "sc_test_shared_d") == 1 << 16
+    assert (second.builder.objects_dir / f"{key}.o").read_bytes()[:4] == b"\x7fELF", "replaced"
+    first.close()
+    second.close()
