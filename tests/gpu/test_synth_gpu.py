@@ -177,11 +177,12 @@ import torch.nn as nn
 class Model(nn.Module):
     def __init__(self):
         super().__init__()
-        self.fc = nn.Linear(29, 64)
+        self.fc = nn.Linear(29, 61)
         self.w = nn.Parameter(torch.randn(96, 128))
 
     def forward(self, x, y):
-        # Odd M and K with a bias; a batched GEMM whose B is shared by every batch (batch stride 0).
+        # Odd M, N and K with a bias (rows of 61 floats: TMA stores a padded copy, then the rows are copied
+        # out); a batched GEMM whose B is shared by every batch (batch stride 0).
         return torch.cat([self.fc(x).flatten(), torch.matmul(y, self.w).flatten()])
 
 def get_inputs():
@@ -209,6 +210,7 @@ def test_sm90_gemm_runs_wgmma_on_hopper(synth: Synthesizer) -> None:
     kernels = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
     assert any("stitch_tf32x3_split" in n for n in kernels), sorted(kernels)
     assert any("GemmUniversal" in n for n in kernels), sorted(kernels)
+    assert any("stitch_sm90_unpad" in n for n in kernels), "N = 61 ran on the Hopper GEMM, padded"
     # The Verifier counts none of them as a library's (D6), CUTLASS's instantiation (named mangled) included.
     symbols = accounting.global_symbols(dict(synthesis.files))
     library = [

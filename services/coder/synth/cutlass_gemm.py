@@ -285,37 +285,26 @@ void stitch_sm90_run(const float* a3, int64_t batch_a, const float* b3, int64_t 
   STITCH_LAUNCH_CHECK();
 }
 
-// C[b] = A[b] @ B[b] (+ bias) on Hopper's tensor cores, float32-class accurate. false: not this device or
-// not this GEMM (C's rows not 16-byte aligned, sizes past int), nothing launched.
-bool stitch_cutlass_sm90(const float* A, const float* B, const float* bias, float* C, const int64_t* dims) {
+// dst (rows of n floats) = src (rows ldsrc apart): a GEMM's result out of its padded scratch.
+__global__ void __launch_bounds__(256)
+    stitch_sm90_unpad(const float* __restrict__ src, int64_t ldsrc, float* __restrict__ dst, int64_t rows,
+                      int64_t n) {
+  const int64_t total = rows * n;
+  for (int64_t i = blockIdx.x * 256LL + threadIdx.x; i < total; i += static_cast<int64_t>(gridDim.x) * 256) {
+    const int64_t r = i / n, c = i - r * n;
+    dst[i] = src[r * ldsrc + c];
+  }
+}
+
+// The GEMM of operands whose split passes kStitchSplitBytes: one batch at a time, up to that many bytes of
+// rows of A, then of columns of B (whole tiles). D's rows ldd apart, batches M * ldd apart.
+void stitch_sm90_panels(const float* A, const float* B, const float* bias, float* D, int64_t ldd,
+                        const int64_t* dims, int64_t Kp, const cutlass::KernelHardwareInfo& hw,
+                        cudaStream_t stream) {
   const int64_t batch = dims[0], M = dims[1], N = dims[2], K = dims[3], sAb = dims[4], sAm = dims[5],
                 sAk = dims[6], sBb = dims[7], sBk = dims[8], sBn = dims[9];
-  const int64_t Kp = (3 * K + (bias != nullptr ? 2 : 0) + 3) / 4 * 4, limit = int64_t{1} << 31;
-  if (K == 0 || N % 4 != 0 || reinterpret_cast<uintptr_t>(C) % 16 != 0 || M >= limit || N >= limit ||
-      Kp >= limit)
-    return false;
-  cudaStream_t stream = stitch::current_stream();
-  if (!stitch_sm90_ready(stream)) return false;
-  cutlass::KernelHardwareInfo hw;
-  STITCH_CUDA_CHECK(cudaGetDevice(&hw.device_id));
-  hw.sm_count = static_cast<int>(stitch_cutlass_sms());
   const bool with_bias = bias != nullptr;
   const size_t row_bytes = static_cast<size_t>(Kp) * sizeof(float);
-  // An operand shared by every batch (batch stride 0) is split once.
-  const int64_t batches_a = batch > 1 && sAb != 0 ? batch : 1, batches_b = batch > 1 && sBb != 0 ? batch : 1;
-  if (static_cast<size_t>(batches_a * M) * row_bytes <= kStitchSplitBytes &&
-      static_cast<size_t>(batches_b * N) * row_bytes <= kStitchSplitBytes) {
-    stitch::Scratch a3(static_cast<size_t>(batches_a * M) * row_bytes, stream);
-    stitch::Scratch b3(static_cast<size_t>(batches_b * N) * row_bytes, stream);
-    float* a = static_cast<float*>(a3.ptr);
-    float* b = static_cast<float*>(b3.ptr);
-    stitch_sm90_split(A, sAb, sAm, sAk, M, K, Kp, batches_a, false, nullptr, with_bias, a, stream);
-    stitch_sm90_split(B, sBb, sBn, sBk, N, K, Kp, batches_b, true, bias, with_bias, b, stream);
-    stitch_sm90_run(a, batches_a > 1 ? M * Kp : 0, b, batches_b > 1 ? N * Kp : 0, C, M, N, Kp, N, M * N,
-                    batch, hw, stream);
-    return true;
-  }
-  // Panels: one batch at a time, up to kStitchSplitBytes of rows of A, then of columns of B (whole tiles).
   const int64_t fit = static_cast<int64_t>(kStitchSplitBytes / row_bytes) / 128 * 128;
   const int64_t panel = std::max<int64_t>(128, fit);
   const int64_t panel_m = std::min(M, panel), panel_n = std::min(N, panel);
@@ -334,12 +323,56 @@ bool stitch_cutlass_sm90(const float* A, const float* B, const float* bias, floa
         if (m0 == 0 || panel_n < N)
           stitch_sm90_split(B + i * sBb + n0 * sBn, 0, sBn, sBk, cols, K, Kp, 1, true,
                             with_bias ? bias + n0 : nullptr, with_bias, b, stream);
-        stitch_sm90_run(a, 0, b, 0, C + i * M * N + m0 * N + n0, rows, cols, Kp, N, rows * N, 1, hw, stream);
+        stitch_sm90_run(a, 0, b, 0, D + i * M * ldd + m0 * ldd + n0, rows, cols, Kp, ldd, rows * ldd, 1, hw,
+                        stream);
       }
     }
   }
+}
+
+// C[b] = A[b] @ B[b] (+ bias) on Hopper's tensor cores, float32-class accurate. false: not this device or
+// not this GEMM (sizes past int), nothing launched. TMA stores rows 16 bytes apart: where C's rows are not
+// (N not a multiple of 4, or C not 16-byte aligned) the GEMM writes a padded scratch copied into C after.
+bool stitch_cutlass_sm90(const float* A, const float* B, const float* bias, float* C, const int64_t* dims) {
+  const int64_t batch = dims[0], M = dims[1], N = dims[2], K = dims[3], sAb = dims[4], sAm = dims[5],
+                sAk = dims[6], sBb = dims[7], sBk = dims[8], sBn = dims[9];
+  const int64_t Kp = (3 * K + (bias != nullptr ? 2 : 0) + 3) / 4 * 4, limit = int64_t{1} << 31;
+  if (K == 0 || M >= limit || N >= limit || Kp >= limit) return false;
+  cudaStream_t stream = stitch::current_stream();
+  if (!stitch_sm90_ready(stream)) return false;
+  const bool padded = N % 4 != 0 || reinterpret_cast<uintptr_t>(C) % 16 != 0;
+  const int64_t ldc = padded ? (N + 3) / 4 * 4 : N;
+  stitch::Scratch staged(padded ? static_cast<size_t>(batch * M * ldc) * sizeof(float) : 1, stream);
+  float* D = padded ? static_cast<float*>(staged.ptr) : C;
+  cutlass::KernelHardwareInfo hw;
+  STITCH_CUDA_CHECK(cudaGetDevice(&hw.device_id));
+  hw.sm_count = static_cast<int>(stitch_cutlass_sms());
+  const bool with_bias = bias != nullptr;
+  const size_t row_bytes = static_cast<size_t>(Kp) * sizeof(float);
+  // An operand shared by every batch (batch stride 0) is split once.
+  const int64_t batches_a = batch > 1 && sAb != 0 ? batch : 1, batches_b = batch > 1 && sBb != 0 ? batch : 1;
+  if (static_cast<size_t>(batches_a * M) * row_bytes <= kStitchSplitBytes &&
+      static_cast<size_t>(batches_b * N) * row_bytes <= kStitchSplitBytes) {
+    stitch::Scratch a3(static_cast<size_t>(batches_a * M) * row_bytes, stream);
+    stitch::Scratch b3(static_cast<size_t>(batches_b * N) * row_bytes, stream);
+    float* a = static_cast<float*>(a3.ptr);
+    float* b = static_cast<float*>(b3.ptr);
+    stitch_sm90_split(A, sAb, sAm, sAk, M, K, Kp, batches_a, false, nullptr, with_bias, a, stream);
+    stitch_sm90_split(B, sBb, sBn, sBk, N, K, Kp, batches_b, true, bias, with_bias, b, stream);
+    stitch_sm90_run(a, batches_a > 1 ? M * Kp : 0, b, batches_b > 1 ? N * Kp : 0, D, M, N, Kp, ldc, M * ldc,
+                    batch, hw, stream);
+  } else {
+    stitch_sm90_panels(A, B, bias, D, ldc, dims, Kp, hw, stream);
+  }
+  if (padded) {
+    const int64_t blocks = std::min<int64_t>((batch * M * N + 255) / 256, int64_t{1} << 20);
+    stitch_sm90_unpad<<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), 256, 0, stream>>>(D, ldc, C,
+                                                                                               batch * M, N);
+    STITCH_LAUNCH_CHECK();
+  }
   return true;
 }
+
 """
 
 _ENTRY = r"""
