@@ -261,8 +261,9 @@ void stitch_sm90_split(const float* src, int64_t sb, int64_t sr, int64_t sk, int
   STITCH_LAUNCH_CHECK();
 }
 
-// D (rows ldd apart, batches M * N apart) = A3 @ B3^T over Kp: the GEMM of split operands.
-void stitch_sm90_run(const float* a3, int64_t batch_a, const float* b3, int64_t batch_b, float* D, int64_t M,
+// D (rows ldd apart, batches stride_batch_d apart) = A3 @ B3^T over Kp: the GEMM of split operands. false:
+// CUTLASS cannot take these sizes (nothing launched).
+bool stitch_sm90_run(const float* a3, int64_t batch_a, const float* b3, int64_t batch_b, float* D, int64_t M,
                      int64_t N, int64_t Kp, int64_t ldd, int64_t stride_batch_d, int64_t batch,
                      const cutlass::KernelHardwareInfo& hw, cudaStream_t stream) {
   using Kernel = StitchSm90Gemm::GemmKernel;
@@ -276,13 +277,14 @@ void stitch_sm90_run(const float* a3, int64_t batch_a, const float* b3, int64_t 
       {{1.f, 0.f}, nullptr, typename Kernel::StrideC{}, D, stride_d},
       hw};
   StitchSm90Gemm gemm;
-  STITCH_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess, "CUTLASS SM90 GEMM: cannot implement");
+  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
   const size_t bytes = StitchSm90Gemm::get_workspace_size(args);
   stitch::Scratch workspace(bytes > 0 ? bytes : 1, stream);
   STITCH_CHECK(gemm.initialize(args, workspace.ptr, stream) == cutlass::Status::kSuccess,
                "CUTLASS SM90 GEMM: initialize failed");
   STITCH_CHECK(gemm.run(stream) == cutlass::Status::kSuccess, "CUTLASS SM90 GEMM: launch failed");
   STITCH_LAUNCH_CHECK();
+  return true;
 }
 
 // dst (rows of n floats) = src (rows ldsrc apart): a GEMM's result out of its padded scratch.
@@ -298,7 +300,7 @@ __global__ void __launch_bounds__(256)
 
 // The GEMM of operands whose split passes kStitchSplitBytes: one batch at a time, up to that many bytes of
 // rows of A, then of columns of B (whole tiles). D's rows ldd apart, batches M * ldd apart.
-void stitch_sm90_panels(const float* A, const float* B, const float* bias, float* D, int64_t ldd,
+bool stitch_sm90_panels(const float* A, const float* B, const float* bias, float* D, int64_t ldd,
                         const int64_t* dims, int64_t Kp, const cutlass::KernelHardwareInfo& hw,
                         cudaStream_t stream) {
   const int64_t batch = dims[0], M = dims[1], N = dims[2], K = dims[3], sAb = dims[4], sAm = dims[5],
@@ -309,7 +311,7 @@ void stitch_sm90_panels(const float* A, const float* B, const float* bias, float
   const int64_t panel = std::max<int64_t>(128, fit);
   const int64_t panel_m = std::min(M, panel), panel_n = std::min(N, panel);
   stitch::Scratch a3(static_cast<size_t>(panel_m) * row_bytes, stream);
-  stitch::Scratch b3(static_cast<size_t>(panel_n) * row_bytes, stream);
+  stitch::Scratch b3(static_cast<size_t>((panel_n + 3) / 4 * 4) * row_bytes, stream);
   float* a = static_cast<float*>(a3.ptr);
   float* b = static_cast<float*>(b3.ptr);
   for (int64_t i = 0; i < batch; ++i) {
@@ -323,15 +325,19 @@ void stitch_sm90_panels(const float* A, const float* B, const float* bias, float
         if (m0 == 0 || panel_n < N)
           stitch_sm90_split(B + i * sBb + n0 * sBn, 0, sBn, sBk, cols, K, Kp, 1, true,
                             with_bias ? bias + n0 : nullptr, with_bias, b, stream);
-        stitch_sm90_run(a, 0, b, 0, D + i * M * ldd + m0 * ldd + n0, rows, cols, Kp, ldd, rows * ldd, 1, hw,
-                        stream);
+        // Past N (a padded D), whole rows of 16 bytes: the extra columns land in D's padding.
+        const int64_t extent = std::min((cols + 3) / 4 * 4, ldd - n0);
+        if (!stitch_sm90_run(a, 0, b, 0, D + i * M * ldd + m0 * ldd + n0, rows, extent, Kp, ldd, rows * ldd, 1,
+                             hw, stream))
+          return false;
       }
     }
   }
+  return true;
 }
 
 // C[b] = A[b] @ B[b] (+ bias) on Hopper's tensor cores, float32-class accurate. false: not this device or
-// not this GEMM (sizes past int), nothing launched. TMA stores rows 16 bytes apart: where C's rows are not
+// not this GEMM (sizes past int, or CUTLASS cannot take them), C not written. TMA stores rows 16 bytes apart: where C's rows are not
 // (N not a multiple of 4, or C not 16-byte aligned) the GEMM writes a padded scratch copied into C after.
 bool stitch_cutlass_sm90(const float* A, const float* B, const float* bias, float* C, const int64_t* dims) {
   const int64_t batch = dims[0], M = dims[1], N = dims[2], K = dims[3], sAb = dims[4], sAm = dims[5],
@@ -340,6 +346,8 @@ bool stitch_cutlass_sm90(const float* A, const float* B, const float* bias, floa
   if (K == 0 || M >= limit || N >= limit || Kp >= limit) return false;
   cudaStream_t stream = stitch::current_stream();
   if (!stitch_sm90_ready(stream)) return false;
+  // The GEMM's N extent: N, or ldc where padded (the extra columns, products of whatever B3 holds past its
+  // rows, are computed and never copied out; B3 is allocated that far).
   const bool padded = N % 4 != 0 || reinterpret_cast<uintptr_t>(C) % 16 != 0;
   const int64_t ldc = padded ? (N + 3) / 4 * 4 : N;
   stitch::Scratch staged(padded ? static_cast<size_t>(batch * M * ldc) * sizeof(float) : 1, stream);
@@ -354,15 +362,16 @@ bool stitch_cutlass_sm90(const float* A, const float* B, const float* bias, floa
   if (static_cast<size_t>(batches_a * M) * row_bytes <= kStitchSplitBytes &&
       static_cast<size_t>(batches_b * N) * row_bytes <= kStitchSplitBytes) {
     stitch::Scratch a3(static_cast<size_t>(batches_a * M) * row_bytes, stream);
-    stitch::Scratch b3(static_cast<size_t>(batches_b * N) * row_bytes, stream);
+    stitch::Scratch b3(static_cast<size_t>(batches_b * N + ldc - N) * row_bytes, stream);
     float* a = static_cast<float*>(a3.ptr);
     float* b = static_cast<float*>(b3.ptr);
     stitch_sm90_split(A, sAb, sAm, sAk, M, K, Kp, batches_a, false, nullptr, with_bias, a, stream);
     stitch_sm90_split(B, sBb, sBn, sBk, N, K, Kp, batches_b, true, bias, with_bias, b, stream);
-    stitch_sm90_run(a, batches_a > 1 ? M * Kp : 0, b, batches_b > 1 ? N * Kp : 0, D, M, N, Kp, ldc, M * ldc,
-                    batch, hw, stream);
-  } else {
-    stitch_sm90_panels(A, B, bias, D, ldc, dims, Kp, hw, stream);
+    if (!stitch_sm90_run(a, batches_a > 1 ? M * Kp : 0, b, batches_b > 1 ? N * Kp : 0, D, M, ldc, Kp, ldc,
+                         M * ldc, batch, hw, stream))
+      return false;
+  } else if (!stitch_sm90_panels(A, B, bias, D, ldc, dims, Kp, hw, stream)) {
+    return false;
   }
   if (padded) {
     const int64_t blocks = std::min<int64_t>((batch * M * N + 255) / 256, int64_t{1} << 20);
