@@ -327,9 +327,8 @@ bool stitch_sm90_panels(const float* A, const float* B, const float* bias, float
                             with_bias ? bias + n0 : nullptr, with_bias, b, stream);
         // Past N (a padded D), whole rows of 16 bytes: the extra columns land in D's padding.
         const int64_t extent = std::min((cols + 3) / 4 * 4, ldd - n0);
-        if (!stitch_sm90_run(a, 0, b, 0, D + i * M * ldd + m0 * ldd + n0, rows, extent, Kp, ldd, rows * ldd, 1,
-                             hw, stream))
-          return false;
+        float* d = D + i * M * ldd + m0 * ldd + n0;
+        if (!stitch_sm90_run(a, 0, b, 0, d, rows, extent, Kp, ldd, rows * ldd, 1, hw, stream)) return false;
       }
     }
   }
@@ -337,8 +336,9 @@ bool stitch_sm90_panels(const float* A, const float* B, const float* bias, float
 }
 
 // C[b] = A[b] @ B[b] (+ bias) on Hopper's tensor cores, float32-class accurate. false: not this device or
-// not this GEMM (sizes past int, or CUTLASS cannot take them), C not written. TMA stores rows 16 bytes apart: where C's rows are not
-// (N not a multiple of 4, or C not 16-byte aligned) the GEMM writes a padded scratch copied into C after.
+// not this GEMM (sizes past int, or CUTLASS cannot take them), C not written. TMA stores rows 16 bytes
+// apart: where C's rows are not (N not a multiple of 4, or C not 16-byte aligned) the GEMM writes a padded
+// scratch copied into C after.
 bool stitch_cutlass_sm90(const float* A, const float* B, const float* bias, float* C, const int64_t* dims) {
   const int64_t batch = dims[0], M = dims[1], N = dims[2], K = dims[3], sAb = dims[4], sAm = dims[5],
                 sAk = dims[6], sBb = dims[7], sBk = dims[8], sBn = dims[9];
