@@ -67,8 +67,11 @@ def _move_fd(fd: int, low: int, span: int) -> int:
 
     The target must be free: the numbers the parent passed are its own, any of them may lie in the range,
     and dup2 onto an open descriptor would silently close it (the job channel, a turn file)."""
-    for _ in range(4 * span):
-        target = low + int.from_bytes(os.urandom(2), "big") % span
+    # A random start, then every number of the range in turn: a free one is always found where one exists
+    # (random picks alone missed the one free number of eight in 1.4 % of runs).
+    start = int.from_bytes(os.urandom(2), "big") % span
+    for i in range(span):
+        target = low + (start + i) % span
         try:
             os.fstat(target)
         except OSError:
