@@ -152,9 +152,10 @@ def shared_units(candidate: code_pb2.Candidate) -> dict[str, list[str]]:
     texts = {f.path: f.content for f in candidate.files if not f.path.endswith(".py")}
     units = {}
     for source in build.sources:
+        if source not in texts or not cutlass.used_by([texts[source]]):
+            continue
         reads = _reads(source, texts)
-        read = [texts[p] for p in reads if p in texts]
-        if source in texts and cutlass.used_by(read[:1]) and not any(_NAMED.search(t) for t in read):
+        if not any(_NAMED.search(texts[p]) for p in reads if p in texts):
             units[source] = reads
     if len(units) == len(build.sources):
         units.pop(build.sources[-1])
@@ -364,7 +365,7 @@ class Builder:
             s: object_key(candidate, s, reads, self.settings.cuda_arch_list) for s, reads in units.items()
         }
         with self._claims(keys) as objects:
-            ok, error, tail, deterministic, made = self._compile_with(candidate, target, objects)
+            ok, error, tail, deterministic, made = self._compile_with(candidate, target, objects, set(keys))
             if not ok and objects and (error.startswith("link error") or "stitch-objects" in tail):
                 log.warning(
                     "build %s failed linking shared objects (%s); building from sources",
@@ -374,39 +375,38 @@ class Builder:
                 for key in {keys[s] for s in objects}:
                     self._drop_object(key)
                 objects = {}
-                ok, error, tail, deterministic, made = self._compile_with(candidate, target, objects)
+                ok, error, tail, deterministic, made = self._compile_with(
+                    candidate, target, objects, set(keys)
+                )
             if ok:
                 self.objects_reused += len(objects)
                 if objects:
                     log.info("build %s: %s linked from shared objects", target.name[:12], ", ".join(objects))
-                for source, path in made.items():
-                    if source in keys and source not in objects:
-                        self._keep_object(keys[source], path)
-            for path in made.values():
-                path.unlink(missing_ok=True)
+                for source, blob in made.items():
+                    self._keep_object(keys[source], blob)
         return ok, error, tail, deterministic
 
     @contextlib.contextmanager
     def _claims(self, keys: dict[str, str]) -> Iterator[dict[str, Path]]:
         """The shared units' objects there are (by source), holding a claim on each missing one while the
         build compiles it. Builds on this worker that need a unit another is compiling wait for it first
-        (four builds of one GEMM unit at once took 80 s each, one alone 31 s); a build never waits while it
-        holds a claim, so two builds never wait on each other."""
+        (four builds of one GEMM unit at once took 80 s each, one alone 31 s); a build
+        takes its claims in key order, so two builds never wait on each other."""
         self.objects_dir.mkdir(exist_ok=True)
-        missing = [key for key in sorted(set(keys.values())) if self._object(key) is None]
-        for key in missing:  # wait out any build compiling it now
-            with open(self.objects_dir / f".{key}.lock", "w") as fh:
-                fcntl.flock(fh, fcntl.LOCK_EX)
         held = []
         try:
-            objects = {s: obj for s, key in keys.items() if (obj := self._object(key)) is not None}
-            for key in sorted({keys[s] for s in keys if s not in objects}):
+            # In key order (so two builds never wait on each other): wait out any build compiling a missing
+            # unit, then keep the claim where the unit is still missing (this build compiles it).
+            for key in sorted(set(keys.values())):
+                if self._object(key) is not None:
+                    continue
                 fh = open(self.objects_dir / f".{key}.lock", "w")  # noqa: SIM115 (held until the build ends)
-                try:
-                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fh, fcntl.LOCK_EX)
+                if self._object(key) is None:
                     held.append(fh)
-                except OSError:  # claimed meanwhile: compiled here too rather than waited for
+                else:
                     fh.close()
+            objects = {s: obj for s, key in keys.items() if (obj := self._object(key)) is not None}
             yield objects
         finally:
             for fh in held:
@@ -444,8 +444,7 @@ class Builder:
         os.chmod(tmp, 0o644)
         os.replace(tmp, self.objects_dir / f"{key}.o")
 
-    def _keep_object(self, key: str, path: Path) -> None:
-        blob = path.read_bytes()
+    def _keep_object(self, key: str, blob: bytes) -> None:
         self._write_object(key, blob)
         try:
             self.artifacts.put(Keys.object_cache(key), blob, "application/octet-stream")
@@ -453,10 +452,10 @@ class Builder:
             log.warning("could not store object %s in the artifact store: %s", key[:12], exc)
 
     def _compile_with(
-        self, candidate: code_pb2.Candidate, target: Path, objects: dict[str, Path]
-    ) -> tuple[bool, str, str, bool, dict[str, Path]]:
+        self, candidate: code_pb2.Candidate, target: Path, objects: dict[str, Path], shared: set[str]
+    ) -> tuple[bool, str, str, bool, dict[str, bytes]]:
         """One sandboxed build, linking `objects` in place of their sources; also returns the objects it
-        compiled (copied out of the build folder, by source) for the object cache."""
+        compiled of the `shared` sources (read out of the build folder, by source) for the object cache."""
         name = candidate.build.extension_name
         with_cuda = candidate.build.backend == "cuda"
         self.compiles += 1
@@ -527,13 +526,10 @@ class Builder:
                 shutil.rmtree(target, ignore_errors=True)
                 os.replace(staging, target)
                 made = {}
-                for source in compiled:
+                for source in shared.intersection(compiled):
                     obj = work / "out" / object_name(source, with_cuda)
                     if obj.is_file():
-                        fd, kept = tempfile.mkstemp(dir=self.root, prefix=".obj-")
-                        os.close(fd)
-                        shutil.copyfile(obj, kept)
-                        made[source] = Path(kept)
+                        made[source] = obj.read_bytes()
                 return True, "", "", True, made
             text = (record[0].get("error", "") if record else "") or outcome.log_tail
             if not record:
