@@ -916,7 +916,7 @@ class Host:
             src = tensor_var(o.id)
             dvar = domain_var if o.domain == "main" else f"SI_{k.name}"
             if o.access == "contig":
-                lines.append(f"const at::Tensor O{i}_{k.name} = stitch::contiguous_operand({src});")
+                lines.append(f"const at::Tensor O{i}_{k.name} = stitch_dense({src});")
                 lines.append(
                     f"TORCH_CHECK(O{i}_{k.name}.sizes() == at::IntArrayRef({dvar}), "
                     f'"{k.name}: operand {o.id} shape");'

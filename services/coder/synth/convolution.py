@@ -565,8 +565,8 @@ StitchConv stitch_conv_prepare(const at::Tensor& x0, const at::Tensor& w0,
   StitchConv c;
   const int64_t nd = w0.dim() - 2;
   const bool batched = x0.dim() == nd + 2;
-  const at::Tensor x = (batched ? x0 : x0.unsqueeze(0)).contiguous();
-  const at::Tensor w = w0.contiguous();
+  const at::Tensor x = stitch_dense(batched ? x0 : x0.unsqueeze(0));
+  const at::Tensor w = stitch_dense(w0);
   const int64_t co = transposed ? w.size(1) * groups : w.size(0);
   TORCH_CHECK(x.dim() == nd + 2 && x.size(1) == (transposed ? w.size(0) : w.size(1) * groups),
               "conv: input channels do not match the weight");
@@ -593,7 +593,7 @@ StitchConv stitch_conv_prepare(const at::Tensor& x0, const at::Tensor& w0,
   c.y = at::empty(out_sizes, x.options());
   c.out = batched ? c.y : c.y.squeeze(0);
   if (bias.has_value()) {
-    c.bias = bias->contiguous();
+    c.bias = stitch_dense(*bias);
     TORCH_CHECK(c.bias.numel() == co, "conv: bias must have one element per output channel");
   }
   c.x = x;

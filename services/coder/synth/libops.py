@@ -47,7 +47,7 @@ StitchGemm stitch_bgemm_prepare(const at::Tensor& A, const at::Tensor& B,
   g.y = at::empty({A.size(0), A.size(1), B.size(2)}, A.options());
   g.out = g.y;
   if (bias.has_value()) {
-    g.bias = bias->contiguous();
+    g.bias = stitch_dense(*bias);
     TORCH_CHECK(g.bias.numel() == B.size(2), "gemm bias must have N elements");
   }
   g.x = A;
@@ -485,6 +485,154 @@ static void stitch_causal_fill(at::Tensor& scores) {
 """
 
 
+# ---- dense copies: a strided view made contiguous by the program's own kernel ----------------------------
+# torch's contiguous() is an ATen copy kernel: a ViT's expanded class token in a cat, or the class row picked
+# before its head, made ATen the program's largest kernel at small sizes (D6). Every helper and operand that
+# needs a dense tensor gets it from stitch_dense: a no-op for a contiguous tensor, else one gather kernel
+# over the view's dims, collapsed (size-1 dims dropped, dims that are one run merged) to at most 8.
+_DENSE_LAYOUT = r"""
+// The view's dims, outermost first, with size-1 dims dropped and neighbours that form one run merged:
+// meta[0..7] sizes, meta[8..15] strides, meta[16] rank. False past 8 dims (torch then copies).
+inline bool stitch_dense_layout(const at::Tensor& t, int64_t* meta) {
+  int64_t rank = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t n = t.size(d), stride = t.stride(d);
+    if (n == 1) continue;
+    if (rank > 0 && meta[8 + rank - 1] == n * stride) {
+      meta[rank - 1] *= n;
+      meta[8 + rank - 1] = stride;
+      continue;
+    }
+    if (rank == 8) return false;
+    meta[rank] = n;
+    meta[8 + rank] = stride;
+    ++rank;
+  }
+  meta[16] = rank;
+  return true;
+}
+"""
+
+_DENSE_INDEX = r"""
+struct StitchStrided {
+  int64_t size[8];
+  int64_t stride[8];
+  int64_t rank;
+};
+
+static StitchStrided stitch_strided_unpack(const int64_t* meta) {
+  StitchStrided s{};
+  for (int d = 0; d < 8; ++d) {
+    s.size[d] = meta[d];
+    s.stride[d] = meta[8 + d];
+  }
+  s.rank = meta[16];
+  return s;
+}
+"""
+
+DENSE_CPU = (
+    _DENSE_LAYOUT
+    + _DENSE_INDEX
+    + r"""
+template <typename T>
+static void stitch_dense_copy(const T* src, T* dst, const StitchStrided& s, int64_t total) {
+  at::parallel_for(0, total, 4096, [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o) {
+      int64_t rest = o, at_ = 0;
+      for (int64_t d = s.rank - 1; d >= 0; --d) {
+        at_ += (rest % s.size[d]) * s.stride[d];
+        rest /= s.size[d];
+      }
+      dst[o] = src[at_];
+    }
+  });
+}
+
+// t as a contiguous tensor: t itself when it is, else the program's own copy of the view.
+[[maybe_unused]] static at::Tensor stitch_dense(const at::Tensor& t) {
+  if (t.is_contiguous()) return t;
+  int64_t meta[17] = {0};
+  if (!stitch_dense_layout(t, meta)) return t.contiguous();
+  at::Tensor out = at::empty(t.sizes(), t.options());
+  const StitchStrided s = stitch_strided_unpack(meta);
+  const int64_t total = t.numel();
+  switch (t.element_size()) {
+    case 1: stitch_dense_copy(static_cast<const uint8_t*>(t.data_ptr()), static_cast<uint8_t*>(out.data_ptr()),
+                              s, total); break;
+    case 2: stitch_dense_copy(static_cast<const uint16_t*>(t.data_ptr()),
+                              static_cast<uint16_t*>(out.data_ptr()), s, total); break;
+    case 4: stitch_dense_copy(static_cast<const uint32_t*>(t.data_ptr()),
+                              static_cast<uint32_t*>(out.data_ptr()), s, total); break;
+    case 8: stitch_dense_copy(static_cast<const uint64_t*>(t.data_ptr()),
+                              static_cast<uint64_t*>(out.data_ptr()), s, total); break;
+    default: return t.contiguous();
+  }
+  return out;
+}
+"""
+)
+
+DENSE_CUDA = (
+    _DENSE_INDEX
+    + r"""
+template <typename T>
+__global__ void __launch_bounds__(256) stitch_dense_kernel(const T* __restrict__ src, T* __restrict__ dst,
+    StitchStrided s, int64_t total) {
+  for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;
+       o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t rest = o, at = 0;
+#pragma unroll
+    for (int d = 7; d >= 0; --d) {
+      if (d < s.rank) {
+        at += (rest % s.size[d]) * s.stride[d];
+        rest /= s.size[d];
+      }
+    }
+    dst[o] = src[at];
+  }
+}
+
+template <typename T>
+static void stitch_dense_typed(const void* src, void* dst, const StitchStrided& s, int64_t total) {
+  const int64_t blocks = std::min<int64_t>((total + 255) / 256, static_cast<int64_t>(sm_count()) * 8);
+  stitch_dense_kernel<T><<<blocks, 256, 0, stitch::current_stream()>>>(static_cast<const T*>(src),
+                                                                        static_cast<T*>(dst), s, total);
+  STITCH_LAUNCH_CHECK();
+}
+
+// Elements of 1, 2, 4 or 8 bytes gathered from the view that meta describes into a dense buffer.
+static void stitch_dense_launch(const void* src, void* dst, int64_t element_size, const int64_t* meta,
+    int64_t total) {
+  if (total == 0) return;
+  const StitchStrided s = stitch_strided_unpack(meta);
+  if (element_size == 1) stitch_dense_typed<uint8_t>(src, dst, s, total);
+  else if (element_size == 2) stitch_dense_typed<uint16_t>(src, dst, s, total);
+  else if (element_size == 4) stitch_dense_typed<uint32_t>(src, dst, s, total);
+  else stitch_dense_typed<uint64_t>(src, dst, s, total);
+}
+"""
+)
+
+DENSE_CUDA_HOST = (
+    _DENSE_LAYOUT
+    + r"""
+// t as a contiguous tensor: t itself when it is, else the program's own copy of the view (one kernel).
+[[maybe_unused]] static at::Tensor stitch_dense(const at::Tensor& t) {
+  if (t.is_contiguous()) return t;
+  int64_t meta[17] = {0};
+  const int64_t size = static_cast<int64_t>(t.element_size());
+  if (!stitch_dense_layout(t, meta) || (size != 1 && size != 2 && size != 4 && size != 8)) {
+    return t.contiguous();
+  }
+  at::Tensor out = at::empty(t.sizes(), t.options());
+  stitch_dense_launch(t.data_ptr(), out.data_ptr(), size, meta, t.numel());
+  return out;
+}
+"""
+)
+
+
 # Both backends' host part: checks the parts, allocates the output, splits it into rows x cat-dim x inner.
 _CAT_PRELUDE = r"""  TORCH_CHECK(!parts.empty(), "cat of no tensors");
   const int64_t rank = parts[0].dim();
@@ -510,7 +658,7 @@ __CAT_PRELUDE__  const int64_t width = sizes[dim] * inner;
   float* dst = out.data_ptr<float>();
   int64_t offset = 0;
   for (const at::Tensor& part : parts) {
-    const at::Tensor p = part.contiguous();
+    const at::Tensor p = stitch_dense(part);
     const int64_t span = p.size(dim) * inner;
     const float* src = p.data_ptr<float>();
     at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
@@ -548,7 +696,7 @@ CAT_CUDA_HOST = r"""
 static at::Tensor stitch_cat(const std::vector<at::Tensor>& parts, int64_t dim) {
 __CAT_PRELUDE__  int64_t offset = 0;
   for (const at::Tensor& part : parts) {
-    const at::Tensor p = part.contiguous();
+    const at::Tensor p = stitch_dense(part);
     const int64_t span = p.size(dim) * inner;
     stitch_cat_launch(p.data_ptr<float>(), out.data_ptr<float>(), rows, span, sizes[dim] * inner, offset);
     offset += span;
@@ -562,8 +710,8 @@ __CAT_PRELUDE__  int64_t offset = 0;
 _INDEX_PRELUDE = r"""  if (dim < 0) dim += src.dim();
   TORCH_CHECK(dim >= 0 && dim < src.dim(), "index: dim out of range");
   TORCH_CHECK(index.scalar_type() == at::kLong, "index: the index must be int64");
-  const at::Tensor s = src.contiguous();
-  const at::Tensor idx = index.contiguous();
+  const at::Tensor s = stitch_dense(src);
+  const at::Tensor idx = stitch_dense(index);
   std::vector<int64_t> sizes(s.sizes().begin(), s.sizes().begin() + dim);
   for (int64_t d : idx.sizes()) sizes.push_back(d);
   for (int64_t d = dim + 1; d < s.dim(); ++d) sizes.push_back(s.size(d));
@@ -635,7 +783,7 @@ __INDEX_PRELUDE__  TORCH_CHECK(idx.device() == s.device(), "index: the index is 
 # ---- torch.roll: every element moved along some dims, cyclically (shifted windows) -------------------------
 # The host packs sizes, shifts and rank in 17 int64 (meta); the kernels' file unpacks them into its struct.
 _ROLL_PRELUDE = r"""  TORCH_CHECK(shifts.size() == dims.size(), "roll: as many shifts as dims");
-  const at::Tensor s = src.contiguous();
+  const at::Tensor s = stitch_dense(src);
   const int64_t rank = s.dim();
   TORCH_CHECK(rank <= 8, "roll: at most 8 dims");
   int64_t meta[17] = {0};
@@ -807,7 +955,7 @@ inline bool stitch_tensor_cores() {
 
 def device_source(helpers: set[str], backend: str) -> str:
     """The helpers' kernels and raw-pointer launchers: on CUDA, the torch-free translation unit's part."""
-    parts: list[str] = []
+    parts: list[str] = [DENSE_CUDA] if backend == "cuda" else []
     if ("custom" in helpers or "conv" in helpers) and backend == "cuda":
         parts.append(TENSOR_CORES)
     if "custom" in helpers and backend == "cuda":
@@ -831,7 +979,7 @@ def device_source(helpers: set[str], backend: str) -> str:
 
 def host_source(helpers: set[str], backend: str) -> str:
     """The helpers that take tensors (library calls, the custom kernels' wrappers): the host part."""
-    parts: list[str] = []
+    parts: list[str] = [DENSE_CUDA_HOST if backend == "cuda" else DENSE_CPU]
     if "custom" in helpers:
         plain = "gemm_plain" in helpers or backend != "cuda"
         parts.append(CUSTOM_WRAPPERS + (GEMM_PLAIN_WRAPPERS if plain else ""))

@@ -78,7 +78,7 @@ std::vector<at::Tensor> stitch_rnn(const at::Tensor& x, const std::vector<at::Te
                                    int64_t dirs, bool bias, bool batch_first) {
   TORCH_CHECK(x.dim() == 3, "recurrent input must be 3-D");
   const bool lstm = gates == 4;
-  at::Tensor seq = x.contiguous();
+  at::Tensor seq = stitch_dense(x);
   const int64_t B = batch_first ? seq.size(0) : seq.size(1);
   const int64_t T = batch_first ? seq.size(1) : seq.size(0);
   const int64_t H = w[1].size(1);

@@ -295,7 +295,6 @@ inline int64_t pool_out(int64_t in, int64_t k, int64_t pad, int64_t stride, int6
   return out;
 }
 
-inline at::Tensor contiguous_operand(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 #endif  // !__CUDACC__
 
 }  // namespace stitch

@@ -9,7 +9,7 @@ double. CUDA: see SCAN_CUDA's comment for the blocked scan's design.
 from __future__ import annotations
 
 # Both backends' host part of the scan: contiguous input, the outer x len x inner split along `dim`.
-_SCAN_PRELUDE = r"""  const at::Tensor x = x0.contiguous();
+_SCAN_PRELUDE = r"""  const at::Tensor x = stitch_dense(x0);
   if (x.dim() > 0 && dim < 0) dim += x.dim();
   int64_t outer = 1, len = 1, inner = 1;
   for (int64_t d = 0; d < x.dim(); ++d) {
@@ -190,7 +190,7 @@ __SCAN_PRELUDE__
 """.replace("__SCAN_PRELUDE__\n", _SCAN_PRELUDE)
 
 # Both backends' host part of the flip: contiguous input, its sizes and the flipped dims as a bit mask.
-_FLIP_PRELUDE = r"""  const at::Tensor x = x0.contiguous();
+_FLIP_PRELUDE = r"""  const at::Tensor x = stitch_dense(x0);
   const int64_t rank = x.dim();
   TORCH_CHECK(rank <= 8, "flip: more than 8 dims");
   int64_t sizes[8] = {1, 1, 1, 1, 1, 1, 1, 1};
@@ -270,7 +270,7 @@ __FLIP_PRELUDE__
 
 # Both backends' host part of triu/tril: contiguous input of at least 2 dims, its last two sizes.
 _TRI_PRELUDE = r"""  TORCH_CHECK(x0.dim() >= 2, "triu/tril: the input needs at least 2 dims");
-  const at::Tensor x = x0.contiguous();
+  const at::Tensor x = stitch_dense(x0);
   const int64_t L = x.size(-2), S = x.size(-1);
   at::Tensor out = at::empty(x.sizes(), x.options());
 """
