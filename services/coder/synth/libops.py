@@ -558,8 +558,8 @@ static void stitch_dense_copy(const T* src, T* dst, const StitchStrided& s, int6
   const StitchStrided s = stitch_strided_unpack(meta);
   const int64_t total = t.numel();
   switch (t.element_size()) {
-    case 1: stitch_dense_copy(static_cast<const uint8_t*>(t.data_ptr()), static_cast<uint8_t*>(out.data_ptr()),
-                              s, total); break;
+    case 1: stitch_dense_copy(static_cast<const uint8_t*>(t.data_ptr()),
+                              static_cast<uint8_t*>(out.data_ptr()), s, total); break;
     case 2: stitch_dense_copy(static_cast<const uint16_t*>(t.data_ptr()),
                               static_cast<uint16_t*>(out.data_ptr()), s, total); break;
     case 4: stitch_dense_copy(static_cast<const uint32_t*>(t.data_ptr()),
