@@ -656,7 +656,7 @@ class Host:
         fn = op.fn
         attrs = op.attrs
         if "shape" in attrs:
-            return f"{src}.reshape({self.int_list(attrs['shape'])})"
+            return f"stitch_reshape({src}, {self.int_list(attrs['shape'])})"
         args = attrs.get("args", [])
         kwargs = attrs.get("kwargs", {})
         s = self.scalar_expr
@@ -664,11 +664,13 @@ class Host:
             sizes = args if args else kwargs.get("shape", kwargs.get("size"))
             if isinstance(sizes, list) and len(sizes) == 1 and isinstance(sizes[0], Ref):
                 sizes = sizes[0]
-            return f"{src}.{fn}({self.int_list(sizes)})"
+            if fn == "reshape":
+                return f"stitch_reshape({src}, {self.int_list(sizes)})"
+            return f"{src}.view({self.int_list(sizes)})"
         if fn == "flatten":
             start = args[0] if args else kwargs.get("start_dim", Const(0))
             end = args[1] if len(args) > 1 else kwargs.get("end_dim", Const(-1))
-            return f"{src}.flatten({s(start)}, {s(end)})"
+            return f"stitch_flatten({src}, {s(start)}, {s(end)})"
         if fn == "unflatten":
             return f"{src}.unflatten({s(args[0])}, {self.int_list(args[1])})"
         if fn == "unsqueeze":
@@ -686,7 +688,7 @@ class Host:
                 expr = f"{expr}.squeeze({d})"
             return expr
         if fn == "reshape_like":
-            return f"{src}.reshape({tensor_var(attrs['like'].id)}.sizes())"
+            return f"stitch_reshape({src}, {tensor_var(attrs['like'].id)}.sizes())"
         if fn in ("transpose", "swapaxes"):
             d0 = args[0] if args else kwargs.get("dim0")
             d1 = args[1] if len(args) > 1 else kwargs.get("dim1")

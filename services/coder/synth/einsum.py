@@ -42,7 +42,8 @@ at::Tensor stitch_einsum_gemm(const at::Tensor& a, const at::Tensor& b, const st
     N *= bp.size(d);
     sizes.push_back(bp.size(d));
   }
-  const at::Tensor C = stitch_bgemm(ap.reshape({batch, M, K}), bp.reshape({batch, K, N}), c10::nullopt);
+  const at::Tensor C =
+      stitch_bgemm(stitch_reshape(ap, {batch, M, K}), stitch_reshape(bp, {batch, K, N}), c10::nullopt);
   return C.view(sizes).permute(perm_out);
 }
 """

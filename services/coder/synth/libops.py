@@ -18,7 +18,7 @@ LIBRARY_HELPERS = {
 at::Tensor stitch_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b) {
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = w.size(0);
-  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  const at::Tensor x2 = stitch_reshape(x, {-1, x.size(-1)});
   const at::Tensor y = b.has_value() ? at::addmm(*b, x2, w.t()) : at::mm(x2, w.t());
   return y.view(sizes);
 }
@@ -60,7 +60,7 @@ StitchGemm stitch_linear_prepare(const at::Tensor& x, const at::Tensor& w,
                                  const c10::optional<at::Tensor>& b) {
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = w.size(0);
-  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  const at::Tensor x2 = stitch_reshape(x, {-1, x.size(-1)});
   StitchGemm g = stitch_bgemm_prepare(x2.unsqueeze(0), w.t().unsqueeze(0), b);
   g.out = g.y.view(sizes);
   return g;
@@ -96,8 +96,8 @@ at::Tensor stitch_matmul(const at::Tensor& a0, const at::Tensor& b0) {
   std::vector<int64_t> ea(batch), eb(batch);
   ea.push_back(M); ea.push_back(K);
   eb.push_back(K); eb.push_back(N);
-  const at::Tensor A = a.expand(ea).reshape({-1, M, K});
-  const at::Tensor B = b.expand(eb).reshape({-1, K, N});
+  const at::Tensor A = stitch_reshape(a.expand(ea), {-1, M, K});
+  const at::Tensor B = stitch_reshape(b.expand(eb), {-1, K, N});
   at::Tensor C = stitch_bgemm(A, B, c10::nullopt);
   std::vector<int64_t> out(batch);
   if (a0.dim() > 1) out.push_back(M);
@@ -531,6 +531,68 @@ static StitchStrided stitch_strided_unpack(const int64_t* meta) {
 }
 """
 
+_RESHAPE = r"""
+// Whether t's elements in order form a view of shape (ATen's rule for reshape: each run of t's dims that is
+// one stride chain must be covered by whole dims of shape).
+inline bool stitch_viewable(const at::Tensor& t, const std::vector<int64_t>& shape) {
+  const int64_t dims = t.dim();
+  int64_t view_d = static_cast<int64_t>(shape.size()) - 1;
+  int64_t base = t.stride(dims - 1), tensor_numel = 1, view_numel = 1;
+  for (int64_t d = dims - 1; d >= 0; --d) {
+    tensor_numel *= t.size(d);
+    if (d == 0 || (t.size(d - 1) != 1 && t.stride(d - 1) != tensor_numel * base)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) view_numel *= shape[view_d--];
+      if (view_numel != tensor_numel) return false;
+      if (d > 0) {
+        base = t.stride(d - 1);
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  return view_d == -1;
+}
+
+// t.reshape(sizes) whose copy, where no view exists, is the program's own (stitch_dense), not ATen's.
+[[maybe_unused]] static at::Tensor stitch_reshape(const at::Tensor& t, at::IntArrayRef sizes) {
+  if (t.is_contiguous() || t.dim() == 0 || t.numel() == 0) return t.reshape(sizes);
+  std::vector<int64_t> shape(sizes.begin(), sizes.end());
+  int64_t known = 1, infer = -1;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == -1) {
+      TORCH_CHECK(infer < 0, "only one dimension can be inferred");
+      infer = static_cast<int64_t>(d);
+    } else {
+      known *= shape[d];
+    }
+  }
+  if (infer >= 0) {
+    TORCH_CHECK(known != 0 && t.numel() % known == 0, "shape ", sizes, " is invalid for input of size ",
+                t.numel());
+    shape[infer] = t.numel() / known;
+  }
+  int64_t count = 1;
+  for (int64_t n : shape) count *= n;
+  TORCH_CHECK(count == t.numel(), "shape ", sizes, " is invalid for input of size ", t.numel());
+  return stitch_viewable(t, shape) ? t.view(shape) : stitch_dense(t).view(shape);
+}
+
+// t.flatten(start, end) through stitch_reshape.
+[[maybe_unused]] static at::Tensor stitch_flatten(const at::Tensor& t, int64_t start, int64_t end) {
+  const int64_t dims = t.dim();
+  if (dims == 0) return t.reshape({1});
+  if (start < 0) start += dims;
+  if (end < 0) end += dims;
+  if (start == end) return t;
+  std::vector<int64_t> shape(t.sizes().begin(), t.sizes().begin() + start);
+  int64_t run = 1;
+  for (int64_t d = start; d <= end; ++d) run *= t.size(d);
+  shape.push_back(run);
+  for (int64_t d = end + 1; d < dims; ++d) shape.push_back(t.size(d));
+  return stitch_reshape(t, shape);
+}
+"""
+
 DENSE_CPU = (
     _DENSE_LAYOUT
     + _DENSE_INDEX
@@ -571,6 +633,7 @@ static void stitch_dense_copy(const T* src, T* dst, const StitchStrided& s, int6
   return out;
 }
 """
+    + _RESHAPE
 )
 
 DENSE_CUDA = (
@@ -614,6 +677,7 @@ static void stitch_dense_launch(const void* src, void* dst, int64_t element_size
 """
 )
 
+
 DENSE_CUDA_HOST = (
     _DENSE_LAYOUT
     + r"""
@@ -630,6 +694,7 @@ DENSE_CUDA_HOST = (
   return out;
 }
 """
+    + _RESHAPE
 )
 
 
