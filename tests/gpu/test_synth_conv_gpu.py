@@ -77,6 +77,17 @@ PROBLEMS = {
         "[torch.randn(2, 3, 67, 71)]",
         forward="torch.relu(self.layer(x))",
     ),
+    # Depthwise (one input channel a group): the shared-memory tile kernel, tiles cut in both dims, strides,
+    # dilation, a channel multiplier and an epilogue in the store; a 1-D one keeps the direct kernel.
+    "conv2d_depthwise": problem(
+        "nn.Conv2d(32, 32, 3, padding=1, groups=32)", "[torch.randn(3, 32, 45, 131)]"
+    ),
+    "conv2d_depthwise_strided_multiplier_relu": problem(
+        "nn.Conv2d(16, 32, (5, 3), stride=(2, 1), padding=(2, 3), dilation=(1, 2), groups=16, bias=False)",
+        "[torch.randn(2, 16, 67, 70)]",
+        forward="torch.relu(self.layer(x)) * 0.5",
+    ),
+    "conv1d_depthwise": problem("nn.Conv1d(24, 24, 7, padding=3, groups=24)", "[torch.randn(4, 24, 1001)]"),
     # Transposed through the implicit GEMM, one GEMM per output phase.
     "conv_transpose2d_igemm": problem(
         "nn.ConvTranspose2d(32, 64, 4, stride=2, padding=1)", "[torch.randn(3, 32, 33, 35)]"

@@ -519,12 +519,106 @@ static bool stitch_conv_igemm(const float* x, const float* w, const float* bias,
   return true;
 }
 
-// One convolution (kT: transposed) with its epilogue: the implicit GEMM where it applies, the direct kernel
-// otherwise. Each epilogue instantiates the kernels once more, so a program builds only those it launches.
+// Depthwise convolution over 1-2 spatial dims (one input channel a group, any channel multiplier): a memory-
+// bound operation, so each block stages one output tile's input rows (halo included) of one channel plane in
+// shared memory with coalesced loads, then its threads compute the tile's outputs, a warp storing 32 adjacent
+// ones at a time. Input elements are read from memory about once, not once per tap as the direct kernel's
+// neighbouring threads read them (through the cache).
+constexpr int kDwRows = 16, kDwWidth = 64;
+// The most shared memory a depthwise tile may stage (the input tile and the channel's taps).
+constexpr int64_t kDwSmem = 48 * 1024;
+
+struct DwTile {
+  int64_t in_rows, in_cols;  // the staged input tile
+  int64_t tiles_h, tiles_w;  // tiles per channel plane
+};
+
+static DwTile dw_tile(const ConvGeom& g) {
+  DwTile t;
+  t.in_rows = (kDwRows - 1) * g.stride[1] + (g.k[1] - 1) * g.dil[1] + 1;
+  t.in_cols = (kDwWidth - 1) * g.stride[2] + (g.k[2] - 1) * g.dil[2] + 1;
+  t.tiles_h = (g.out[1] + kDwRows - 1) / kDwRows;
+  t.tiles_w = (g.out[2] + kDwWidth - 1) / kDwWidth;
+  return t;
+}
+
+template <typename Epi>
+__global__ void __launch_bounds__(256) stitch_conv_dw_kernel(const float* __restrict__ x,
+    const float* __restrict__ w, const float* __restrict__ bias, float* __restrict__ y, ConvGeom g, DwTile t,
+    Epi epi) {
+  extern __shared__ __align__(16) float dw_smem[];
+  // Tile-local indices fit 32 bits (the tile fits the shared memory).
+  const int taps = static_cast<int>(g.k[1] * g.k[2]), staged = static_cast<int>(t.in_rows * t.in_cols);
+  const int in_cols = static_cast<int>(t.in_cols);
+  const int kh_n = static_cast<int>(g.k[1]), kw_n = static_cast<int>(g.k[2]);
+  const int sh = static_cast<int>(g.stride[1]), sw = static_cast<int>(g.stride[2]);
+  const int dh = static_cast<int>(g.dil[1]) * in_cols, dw = static_cast<int>(g.dil[2]);
+  float* tile = dw_smem;
+  float* taps_s = dw_smem + staged;
+  const int64_t IH = g.in[1], IW = g.in[2], OH = g.out[1], OW = g.out[2];
+  const int64_t per_plane = t.tiles_h * t.tiles_w, total = g.n * g.co * per_plane;
+  const int64_t mult = g.co / g.groups;
+  const int tid = threadIdx.x;
+  for (int64_t b = blockIdx.x; b < total; b += gridDim.x) {
+    const int64_t plane = b / per_plane, in_plane_tile = b - plane * per_plane;
+    const int64_t co = plane % g.co, n = plane / g.co;
+    const int64_t oh0 = in_plane_tile / t.tiles_w * kDwRows, ow0 = in_plane_tile % t.tiles_w * kDwWidth;
+    const int64_t ih0 = oh0 * g.stride[1] - g.pad[1], iw0 = ow0 * g.stride[2] - g.pad[2];
+    const float* xc = x + (n * g.c + co / mult) * IH * IW;
+    for (int i = tid; i < taps; i += blockDim.x) taps_s[i] = __ldg(w + co * taps + i);
+    for (int i = tid; i < staged; i += blockDim.x) {
+      const int r = i / in_cols, q = i - r * in_cols;
+      const int64_t ih = ih0 + r, iw = iw0 + q;
+      tile[i] = (ih >= 0 && ih < IH && iw >= 0 && iw < IW) ? __ldg(xc + ih * IW + iw) : 0.f;
+    }
+    __syncthreads();
+    const float b0 = bias != nullptr ? __ldg(bias + co) : 0.f;
+    // Output e of the tile: row e / kDwWidth, column e % kDwWidth (a warp stores 32 adjacent outputs).
+    for (int e = tid; e < kDwRows * kDwWidth; e += blockDim.x) {
+      const int row = e / kDwWidth, col = e % kDwWidth;
+      const int64_t oh = oh0 + row, ow = ow0 + col;
+      if (oh < OH && ow < OW) {
+        float s = b0;
+        const float* base = tile + row * sh * in_cols + col * sw;
+        for (int kh = 0; kh < kh_n; ++kh)
+          for (int kw = 0; kw < kw_n; ++kw) s = fmaf(base[kh * dh + kw * dw], taps_s[kh * kw_n + kw], s);
+        const int64_t at = (n * g.co + co) * OH * OW + oh * OW + ow;
+        y[at] = epi(s, at);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// The depthwise kernel where it applies (a convolution of one input channel a group, over at most two
+// spatial dims, whose tile fits the shared memory), else false.
+template <typename Epi>
+static bool stitch_conv_dw(const float* x, const float* w, const float* bias, float* y, const ConvGeom& g,
+                           const Epi& epi) {
+  // Two spatial dims with a few output rows: a 1-D convolution would fill one row of each 16-row tile.
+  if (g.groups != g.c || g.co % g.groups != 0 || g.k[0] != 1 || g.in[0] != 1 || g.out[0] != 1 || g.out[1] < 4)
+    return false;
+  const DwTile t = dw_tile(g);
+  const int64_t bytes = (t.in_rows * t.in_cols + g.k[1] * g.k[2]) * static_cast<int64_t>(sizeof(float));
+  if (bytes > kDwSmem) return false;
+  const int64_t total = g.n * g.co * t.tiles_h * t.tiles_w;
+  if (total == 0) return true;
+  const int64_t blocks = std::min<int64_t>(total, static_cast<int64_t>(sm_count()) * 16);
+  stitch_conv_dw_kernel<Epi><<<blocks, 256, bytes, stitch::current_stream()>>>(x, w, bias, y, g, t, epi);
+  STITCH_LAUNCH_CHECK();
+  return true;
+}
+
+// One convolution (kT: transposed) with its epilogue: the depthwise kernel or the implicit GEMM where they
+// apply, the direct kernel otherwise. Each epilogue instantiates the kernels once more, so a program builds
+// only those it launches.
 template <bool kT, typename Epi>
 static void stitch_conv_with(const float* x, const float* w, const float* bias, float* y, const int64_t* geom,
                              const Epi& epi) {
   const ConvGeom g = conv_geom(geom);
+  if constexpr (!kT) {
+    if (stitch_conv_dw(x, w, bias, y, g, epi)) return;
+  }
   if (stitch_conv_igemm<kT>(x, w, bias, y, g, epi)) return;
   // Four output channels a thread where a group's channels split evenly (always, for the usual widths).
   if ((g.co / g.groups) % 4 == 0)

@@ -197,7 +197,8 @@ def emulated_conv(tmp_path: Path, name: str, split: str = "") -> Any:
     source = IGEMM_ON_CPU.replace("__COMMON__", convolution.COMMON).replace(
         "__KERNEL__", (split or tf32_split()) + kernels
     )
-    return load_emulated(name, source.replace("__HOST__", convolution.HOST), "stitch_conv_tn", tmp_path)
+    host = libops.DENSE_CPU + convolution.HOST
+    return load_emulated(name, source.replace("__HOST__", host), "stitch_conv_tn", tmp_path)
 
 
 @pytest.fixture(scope="module")

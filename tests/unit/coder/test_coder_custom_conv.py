@@ -250,7 +250,7 @@ GEOMETRIES = [
 
 @pytest.mark.slow
 def test_cuda_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path) -> None:
-    from stitchcuda.coder.synth import convolution
+    from stitchcuda.coder.synth import convolution, libops
 
     kernel = convolution.CUDA.split(
         "template <bool kTransposed, int kCo, typename Epi>\nstatic void stitch_conv_run"
@@ -258,7 +258,7 @@ def test_cuda_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path) -> N
     source = (
         CUDA_ON_CPU.replace("__COMMON__", convolution.COMMON)
         .replace("__KERNEL__", kernel)
-        .replace("__HOST__", convolution.HOST)
+        .replace("__HOST__", libops.DENSE_CPU + convolution.HOST)
     )
     ext = cpp_extension.load_inline(  # type: ignore[no-untyped-call]
         name="stitch_conv_cuda_on_cpu",
@@ -280,5 +280,63 @@ def test_cuda_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path) -> N
             want = conv_t(x64, w64, b64, stride, pad, out_pad, groups, dil)
         else:
             want = getattr(functional, f"conv{nd}d")(x64, w64, b64, stride, pad, dil, groups)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+# The depthwise kernel's text on the CPU: one "thread" stages each tile and computes its outputs (the kernel's
+# loops stride by blockDim, so one thread covers the tile; its barriers order nothing then).
+DW_ON_CPU = (
+    "#define __align__(n)\n#define __syncthreads()\n"
+    + CUDA_ON_CPU.split("template <bool kTransposed>\nstatic void stitch_conv_emulated")[0]
+    + r"""
+static void stitch_conv_launch(const float* x, const float* w, const float* bias, float* y,
+                               const int64_t* geom, bool transposed) {
+  const ConvGeom g = conv_geom(geom);
+  TORCH_CHECK(!transposed && g.groups == g.c, "depthwise geometries only");
+  stitch_conv_dw_kernel<StitchNoEpi>(x, w, bias, y, g, dw_tile(g), StitchNoEpi{});
+}
+__HOST__
+"""
+)
+
+# (x shape, weight shape, stride, padding, dilation, bias): one input channel a group (groups = channels),
+# tiles cut along both dims, a channel multiplier of 2, strides, dilation and asymmetric kernels.
+DEPTHWISE = [
+    ((2, 4, 9, 70), (4, 1, 3, 3), (1, 1), (1, 1), (1, 1), True),
+    ((1, 3, 37, 13), (6, 1, 3, 5), (2, 1), (1, 2), (1, 2), True),
+    ((2, 2, 33, 130), (2, 1, 5, 5), (2, 2), (0, 0), (1, 1), False),
+    ((1, 5, 18, 66), (5, 1, 7, 1), (1, 3), (3, 0), (2, 1), True),
+]
+
+
+@pytest.mark.slow
+def test_depthwise_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path) -> None:
+    from stitchcuda.coder.synth import convolution, libops
+
+    start = convolution.CUDA.index("constexpr int kDwRows")
+    end = convolution.CUDA.index("// The depthwise kernel where it applies")
+    kernel = convolution.CUDA[start:end].replace(
+        "extern __shared__ __align__(16) float dw_smem[];", "static float dw_smem[kDwSmem / 4];"
+    )
+    source = (
+        DW_ON_CPU.replace("__COMMON__", convolution.COMMON)
+        .replace("__KERNEL__", kernel)
+        .replace("__HOST__", libops.DENSE_CPU + convolution.HOST)
+    )
+    ext = cpp_extension.load_inline(  # type: ignore[no-untyped-call]
+        name="stitch_conv_dw_on_cpu",
+        cpp_sources=[source],
+        functions=["stitch_conv"],
+        extra_cflags=["-O1"],
+        build_directory=str(tmp_path),
+    )
+    for xs, ws, stride, pad, dil, has_bias in DEPTHWISE:
+        x, w = torch.randn(xs), torch.randn(ws)
+        b = torch.randn(ws[0]) if has_bias else None
+        got = ext.stitch_conv(x, w, b, stride, pad, pad, dil, (0, 0), xs[1], False)
+        want = torch.nn.functional.conv2d(
+            x.double(), w.double(), b.double() if b is not None else None, stride, pad, dil, xs[1]
+        )
         assert got.shape == want.shape
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
