@@ -288,7 +288,7 @@ def test_cuda_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path) -> N
 # loops stride by blockDim, so one thread covers the tile; its barriers order nothing then).
 DW_ON_CPU = (
     "#define __align__(n)\n#define __syncthreads()\n"
-    + CUDA_ON_CPU.split("template <bool kTransposed>\nstatic void stitch_conv_emulated")[0]
+    + CUDA_ON_CPU.split("template <bool kTransposed>\nstatic void stitch_conv_emulated", maxsplit=1)[0]
     + r"""
 static void stitch_conv_launch(const float* x, const float* w, const float* bias, float* y,
                                const int64_t* geom, bool transposed) {
