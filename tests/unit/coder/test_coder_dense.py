@@ -5,7 +5,6 @@ kernel counted as torch compute and made a small ViT's program fail the custom-s
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -120,14 +119,6 @@ def test_dense_kernel_compiles_for_cuda(synth: Synthesizer, tmp_path: Path) -> N
     synthesis = synth.synthesize(STRIDED, None, variant=Variant(), device="cuda", policy=KernelPolicy(STRICT))
     write_dir(to_candidate(synthesis), tmp_path / "program")
     assert_program_compiles(tmp_path / "program", tmp_path)
-
-
-@pytest.fixture(scope="module")
-def verifier():  # type: ignore[no-untyped-def]
-    service = pytest.importorskip("stitchcuda.verifier.service")
-    settings = pytest.importorskip("stitchcuda.verifier.settings")
-    cache = Path(os.environ["STITCH_TEST_BUILD_CACHE"])
-    return service.VerifierService(settings.VerifierSettings(build_cache_dir=cache))
 
 
 @pytest.mark.slow

@@ -4,7 +4,6 @@ sources compile with nvcc, and (slow) each program passes the Verifier on CPU.""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -132,14 +131,6 @@ def test_cuda_sources_compile(synth: Synthesizer, tmp_path: Path) -> None:
     for helper in ("stitch_scan_launch", "stitch_flip_launch", "stitch_tri_launch"):
         assert f"void {helper}(" in (folder / "kernels.cu").read_text()
     assert_program_compiles(folder, tmp_path)
-
-
-@pytest.fixture(scope="module")
-def verifier():  # type: ignore[no-untyped-def]
-    service = pytest.importorskip("stitchcuda.verifier.service")
-    settings = pytest.importorskip("stitchcuda.verifier.settings")
-    cache = Path(os.environ["STITCH_TEST_BUILD_CACHE"])
-    return service.VerifierService(settings.VerifierSettings(build_cache_dir=cache))
 
 
 @pytest.mark.slow
