@@ -681,9 +681,11 @@ static void stitch_dense_launch(const void* src, void* dst, int64_t element_size
 DENSE_CUDA_HOST = (
     _DENSE_LAYOUT
     + r"""
-// t as a contiguous tensor: t itself when it is, else the program's own copy of the view (one kernel).
+// t as a contiguous tensor: t itself when it is, else the program's own copy of the view (one kernel; a
+// host tensor, such as an index made on the CPU, is copied by torch).
 [[maybe_unused]] static at::Tensor stitch_dense(const at::Tensor& t) {
   if (t.is_contiguous()) return t;
+  if (!t.is_cuda()) return t.contiguous();
   int64_t meta[17] = {0};
   const int64_t size = static_cast<int64_t>(t.element_size());
   if (!stitch_dense_layout(t, meta) || (size != 1 && size != 2 && size != 4 && size != 8)) {
