@@ -529,6 +529,19 @@ static StitchStrided stitch_strided_unpack(const int64_t* meta) {
   s.rank = meta[16];
   return s;
 }
+
+// Where element o of the view's dense copy sits in the view.
+STITCH_HD int64_t stitch_strided_offset(const StitchStrided& s, int64_t o) {
+  int64_t at = 0;
+  STITCH_UNROLL
+  for (int d = 7; d >= 0; --d) {
+    if (d < s.rank) {
+      at += (o % s.size[d]) * s.stride[d];
+      o /= s.size[d];
+    }
+  }
+  return at;
+}
 """
 
 _RESHAPE = r"""
@@ -600,14 +613,7 @@ DENSE_CPU = (
 template <typename T>
 static void stitch_dense_copy(const T* src, T* dst, const StitchStrided& s, int64_t total) {
   at::parallel_for(0, total, 4096, [&](int64_t o0, int64_t o1) {
-    for (int64_t o = o0; o < o1; ++o) {
-      int64_t rest = o, at_ = 0;
-      for (int64_t d = s.rank - 1; d >= 0; --d) {
-        at_ += (rest % s.size[d]) * s.stride[d];
-        rest /= s.size[d];
-      }
-      dst[o] = src[at_];
-    }
+    for (int64_t o = o0; o < o1; ++o) dst[o] = src[stitch_strided_offset(s, o)];
   });
 }
 
@@ -643,17 +649,8 @@ template <typename T>
 __global__ void __launch_bounds__(256) stitch_dense_kernel(const T* __restrict__ src, T* __restrict__ dst,
     StitchStrided s, int64_t total) {
   for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;
-       o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    int64_t rest = o, at = 0;
-#pragma unroll
-    for (int d = 7; d >= 0; --d) {
-      if (d < s.rank) {
-        at += (rest % s.size[d]) * s.stride[d];
-        rest /= s.size[d];
-      }
-    }
-    dst[o] = src[at];
-  }
+       o += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[o] = src[stitch_strided_offset(s, o)];
 }
 
 template <typename T>

@@ -1,4 +1,5 @@
-"""Builds a synthesized CPU program with the real compiler into the tests' shared build cache."""
+"""Builds a synthesized CPU program with the real compiler into the tests' shared build cache, and pairs it
+with its reference built from the same seed."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
+
+import torch
 
 BUILD_ROOT = Path(os.environ.get("STITCH_TEST_BUILD_DIR", Path.home() / ".cache" / "stitchcuda-tests"))
 
@@ -32,3 +35,13 @@ def load_program(synthesis: Any) -> dict[str, Any]:
     mn: dict[str, Any] = {"__name__": "model_new"}
     exec(compile(synthesis.files["model_new.py"], "model_new.py", "exec"), mn)
     return mn
+
+
+def seeded_pair(source: str, mn: dict[str, Any], *init: Any) -> tuple[Any, Any]:
+    """The reference's Model and the program's ModelNew, each built after the same seed (same weights)."""
+    ns: dict[str, Any] = {"__name__": "reference"}
+    exec(compile(source, "reference.py", "exec"), ns)
+    torch.manual_seed(0)
+    ref = ns["Model"](*init)
+    torch.manual_seed(0)
+    return ref, mn["ModelNew"](*init)

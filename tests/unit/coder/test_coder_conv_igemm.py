@@ -30,6 +30,7 @@ EMULATION_PRELUDE = r"""
 #define __align__(n) __attribute__((aligned(n)))
 #define __forceinline__ inline
 #define STITCH_HD inline
+#define STITCH_UNROLL
 struct StitchDim3 { unsigned x, y, z; };
 static thread_local StitchDim3 blockIdx, threadIdx;
 struct __attribute__((aligned(16))) float4 { float x, y, z, w; };

@@ -214,6 +214,7 @@ CUDA_ON_CPU = r"""
 #define __device__
 #define __forceinline__ inline
 #define STITCH_HD inline
+#define STITCH_UNROLL
 struct StitchDim { unsigned x; };
 static const StitchDim blockIdx{0}, threadIdx{0}, gridDim{1}, blockDim{1};
 static inline float __ldg(const float* p) { return *p; }

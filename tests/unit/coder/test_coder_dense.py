@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from synth_build import load_program
+from synth_build import load_program, seeded_pair
 from test_coder_cuda_build import NVCC, assert_program_compiles
 
 from stitchcuda.api.v1 import verify_pb2
@@ -103,12 +103,7 @@ def test_every_dense_copy_is_the_programs_own(synth: Synthesizer, device: str) -
 @pytest.mark.slow
 def test_strided_views_are_copied_exactly(synth: Synthesizer) -> None:
     mn = load_program(synth.synthesize(STRIDED, None, variant=Variant(), device="cpu"))
-    ns: dict[str, object] = {"__name__": "reference"}
-    exec(compile(STRIDED, "reference.py", "exec"), ns)
-    torch.manual_seed(0)
-    ref = ns["Model"]()  # type: ignore[operator]
-    torch.manual_seed(0)
-    new = mn["ModelNew"]()
+    ref, new = seeded_pair(STRIDED, mn)
     x, idx = torch.randn(3, 6, 7), torch.tensor([4, 0, 6, 4])
     for got, want in zip(new(x, idx), ref(x, idx), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from synth_build import load_program
+from synth_build import load_program, seeded_pair
 from test_coder_cuda_build import NVCC, assert_program_compiles
 
 from stitchcuda.coder.synth import init_check, trace_worker
@@ -463,16 +462,6 @@ def test_forward_keeping_state_between_calls_is_refused(synth: Synthesizer) -> N
         TraceError, match=r"assigns self\.hidden and reads it before overwriting it: state kept"
     ):
         synth.synthesize(source, None, variant=Variant(), device="cpu")
-
-
-def seeded_pair(source: str, mn: dict[str, Any], *init: Any) -> tuple[Any, Any]:
-    """The reference's Model and the program's ModelNew, each built after the same seed (same weights)."""
-    ns: dict[str, Any] = {"__name__": "reference"}
-    exec(compile(source, "reference.py", "exec"), ns)
-    torch.manual_seed(0)
-    ref = ns["Model"](*init)
-    torch.manual_seed(0)
-    return ref, mn["ModelNew"](*init)
 
 
 # KernelBench's stateful RNN cell (level 3 problem 33's kind): the state attribute is overwritten in place by
