@@ -8,6 +8,7 @@ across processes and is released by the kernel if a worker dies holding it.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fcntl
 import os
 import time
@@ -15,6 +16,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from stitchcuda.shared.errors import Unavailable
+
+# The description of the slot this thread of work holds (gpu_slot), which a run it starts may borrow.
+_HELD: contextvars.ContextVar[int | None] = contextvars.ContextVar("stitchcuda_gpu_slot", default=None)
+
+
+def held_slot() -> int | None:
+    """The descriptor of the GPU slot held by the surrounding `gpu_slot` block, None outside one.
+
+    A run started inside the block may be passed it (the reference runner is): a flock belongs to the
+    open file description, so the run can give the slot back for a while and take it again, and the
+    block's end releases it whatever the run did."""
+    return _HELD.get()
 
 
 def visible_gpus() -> list[str]:
@@ -57,9 +70,11 @@ def gpu_slot(
             except BlockingIOError:
                 os.close(fd)
                 continue
+            token = _HELD.set(fd)
             try:
                 yield slot
             finally:
+                _HELD.reset(token)
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
             return

@@ -283,6 +283,15 @@ def _compile_baseline_finding(ref: ReferenceResult, policy: Policy, findings: Fi
     findings.add("D7.compile-baseline", "WARNING", f"no torch.compile baseline: {why}", "baseline")
 
 
+def _slot_finding(ref: ReferenceResult, findings: FindingList) -> None:
+    """The reference lent the node's GPU slot while torch.compile compiled and could not take it back in
+    time: its baselines were timed beside another verification's work (each timing still alone)."""
+    note = ref.timing.get("slot_note")
+    if note:
+        waited = float(ref.timing.get("slot_wait_s") or 0.0)
+        findings.add("D7.gpu-slot", "INFO", f"{note} (waited {waited:.0f} s)", "baseline")
+
+
 def timing(
     run: CandidateRun, ref: ReferenceResult, policy: Policy, findings: FindingList
 ) -> verify_pb2.TimingResult:
@@ -295,6 +304,7 @@ def timing(
     t.compile_available = ref.compile_available
     t.compile_ms = ref.compile_ms
     _compile_baseline_finding(ref, policy, findings)
+    _slot_finding(ref, findings)
     if not dev:
         return t
     s, sw = _stats(dev), _stats(wall)

@@ -137,6 +137,7 @@ class ReferenceRunner:
                 "threads": self.settings.runner_threads or None,
                 "lean": self.lean(device),
                 "gpu_alone": size is not None and size.per_set >= self.settings.gpu_alone_set_gb * GIB,
+                "slot_wait_s": self.settings.reference_slot_wait_s,
             }
             extra_env = {k: v for k, v in os.environ.items() if k == "STITCHCUDA_SIZE"}
             spec = RunSpec(

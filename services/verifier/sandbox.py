@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stitchcuda.shared.gpu_slots import device_gpu
+from stitchcuda.shared.gpu_slots import device_gpu, held_slot
 from stitchcuda.shared.isolation import system_binds
 from stitchcuda.verifier.harness import turns, wire
 from stitchcuda.verifier.settings import VerifierSettings
@@ -299,6 +299,15 @@ class Sandbox:
             )
             return None
 
+    @staticmethod
+    def _lent_slot(spec: RunSpec, turn_fds: tuple[int, int] | None) -> int | None:
+        """The GPU slot the surrounding verification holds, lent to a reference run so it can give it back
+        while torch.compile compiles (host work). Only where turns are taken: a run that gives the slot
+        back still times with the device alone. The caller keeps its descriptor open (the slot is its)."""
+        if spec.label != "reference" or turn_fds is None:
+            return None
+        return held_slot()
+
     def _command(
         self,
         spec: RunSpec,
@@ -307,6 +316,7 @@ class Sandbox:
         share_fd: int,
         uid: int,
         turn_fds: tuple[int, int] | None = None,
+        slot_fd: int | None = None,
     ) -> tuple[list[str], str]:
         harness = (
             self.inside("harness", {"harness": Mount(HARNESS_DIR)})
@@ -319,6 +329,8 @@ class Sandbox:
         runner += ["--uid", str(uid), "--gid", str(uid), *spec.args]
         if turn_fds:
             runner += ["--turns", f"{turn_fds[0]},{turn_fds[1]}"]
+        if slot_fd is not None:
+            runner += ["--slot", str(slot_fd)]
         work = self.inside("work", spec.mounts)
         if self.mode != "bwrap":
             return runner, work
@@ -413,7 +425,8 @@ class Sandbox:
         share_r, share_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         share_r.settimeout(wire.SHARE_WAIT_S)
         turn_fds = self._turn_files(spec)
-        cmd, cwd = self._command(spec, job_r, res_w, share_w.fileno(), uid, turn_fds)
+        slot_fd = self._lent_slot(spec, turn_fds)
+        cmd, cwd = self._command(spec, job_r, res_w, share_w.fileno(), uid, turn_fds, slot_fd)
         env = self._env(spec, token)
         limits = self._limits(spec, uid)
         log_path = spec.log_path or (work.parent / f"{spec.label}.log")
@@ -424,7 +437,7 @@ class Sandbox:
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
-                    pass_fds=(job_r, res_w, share_w.fileno(), *(turn_fds or ())),
+                    pass_fds=(job_r, res_w, share_w.fileno(), *(turn_fds or ()), *_given(slot_fd)),
                     start_new_session=True,
                     preexec_fn=limits,  # noqa: PLW1509 - rlimits must be set between fork and exec
                     env=env,
@@ -543,6 +556,10 @@ _BIND_OPTS = {
     "--ro-bind-try",
     "--dev-bind-try",
 }
+
+
+def _given(fd: int | None) -> tuple[int, ...]:
+    return () if fd is None else (fd,)
 
 
 def _bind_destinations(args: list[str]) -> list[Path]:

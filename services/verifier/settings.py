@@ -55,6 +55,9 @@ class VerifierSettings(CommonSettings):
     # float64 outputs is this many GiB or more runs alone on the device throughout, not only while it times
     # (the sets a run holds would not fit beside another problem's).
     gpu_alone_set_gb: float = Field(default=1.0, gt=0.0)
+    # The reference lends the node's GPU slot to another verification while torch.compile compiles its
+    # baseline (host work: minutes for a large model), then waits this long to take it back before timing.
+    reference_slot_wait_s: float = Field(default=180.0, ge=0.0)
 
     # Sandbox (D9/D10).
     sandbox: Literal["auto", "bwrap", "none"] = "auto"

@@ -39,6 +39,8 @@ def start(description: str) -> tuple[argparse.Namespace, BinaryIO, BinaryIO]:
     parser.add_argument("--idle-timeout", type=float, default=0.0)
     # The node's turn files of this run's GPU (turns.py): GPU work shared, timing alone.
     parser.add_argument("--turns", default="")
+    # The node's GPU slot the verifier holds for this run, lent to it (turns.Turns.lend_slot).
+    parser.add_argument("--slot", type=int, default=-1)
     args = parser.parse_args()
     if args.uid >= 0 and os.getuid() == 0:
         os.setgroups([])
@@ -57,7 +59,8 @@ def start(description: str) -> tuple[argparse.Namespace, BinaryIO, BinaryIO]:
         args.share = socket.socket(fileno=_move_fd(args.share_fd, target + 1, 300))
     fds = turns.parse(args.turns)
     args.turns = turns.Turns(
-        (_move_fd(fds[0], 100, 50), _move_fd(fds[1], 150, 50)) if fds is not None else None
+        (_move_fd(fds[0], 100, 50), _move_fd(fds[1], 150, 50)) if fds is not None else None,
+        slot=_move_fd(args.slot, 800, 100) if args.slot >= 0 else None,
     )
     return args, job, out
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,12 +50,18 @@ def parse(text: str) -> tuple[int, int] | None:
 
 class Turns:
     """One process's hold on its GPU's turn: none, shared or alone. Without files (a CPU run, a node
-    that does not share its GPU) every method does nothing."""
+    that does not share its GPU) every method does nothing.
 
-    def __init__(self, fds: tuple[int, int] | None) -> None:
+    `slot` is the description of the node's GPU slot (shared/gpu_slots.py) that the verifier took for
+    this run and lends it, where it does: the run may give the slot back while it does host work only
+    (`lend_slot`), so another verification goes on meanwhile, and takes it again before it times."""
+
+    def __init__(self, fds: tuple[int, int] | None, slot: int | None = None) -> None:
         self.fds = fds
-        self.held = ""
+        self.slot = slot
+        self.slot_lent = False
         self._flock = fcntl.flock  # bound now: code imported later cannot swap what releases the turn
+        self.held = ""
 
     @classmethod
     def at(cls, folder: Path | str, gpu: str) -> Turns:
@@ -102,6 +109,32 @@ class Turns:
                 self.take(before)
             else:
                 self.release()
+
+    def lend_slot(self) -> bool:
+        """Gives the GPU slot back to the node for host work; False where this run holds none."""
+        if self.slot is None or self.slot_lent:
+            return False
+        self._flock(self.slot, fcntl.LOCK_UN)
+        self.slot_lent = True
+        return True
+
+    def take_slot(self, wait_s: float, poll_s: float = 0.05) -> bool:
+        """Takes the lent slot again, waiting up to `wait_s` for the verification holding it now. False
+        when the wait ran out: the run goes on without it (its timings still take the turn alone, so
+        only the bound on the node's concurrent runs is exceeded, for the rest of this run)."""
+        if self.slot is None or not self.slot_lent:
+            return True
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self._flock(self.slot, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(poll_s)
+                continue
+            self.slot_lent = False
+            return True
 
     def close(self) -> None:
         self.release()
