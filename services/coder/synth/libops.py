@@ -407,6 +407,89 @@ static bool stitch_gemm_big(const float* A, const float* B, const float* bias, f
   return true;
 }
 
+// Skinny GEMM (CUDA): C[b] = A[b] @ B[b] (+ bias) where A has at most kSkM rows (a small batch through a
+// Linear, an RNN's recurrent step). Such a GEMM is bound by reading B once; the tiled kernels would run
+// 64- or 128-row tiles nearly empty, and the Hopper path would first split all of B into TF32 parts. A block
+// takes kSkCols(kKContig) columns of one batch; its threads split K into slices, each thread summing every
+// row's products over its slice (one B load feeds up to kSkM FMAs), then the slices are summed in shared
+// memory. A warp reads B along its contiguous dim: its lanes walk K where B is K-contiguous (nn.Linear's
+// weight, transposed), they take 32 adjacent columns where B is N-contiguous. The loops stride by blockDim
+// and gridDim, so the same text runs with any number of threads and blocks.
+constexpr int kSkM = 16, kSkThreads = 256;
+template <bool kKContig>
+struct SkinnyShape {
+  static constexpr int slices = kKContig ? 32 : 8, cols = kSkThreads / slices;
+};
+template <bool kKContig, typename Epi>
+__global__ void __launch_bounds__(kSkThreads) stitch_gemm_skinny_kernel(
+    const float* __restrict__ A, const float* __restrict__ B, const float* __restrict__ bias,
+    float* __restrict__ C, int64_t batch, int64_t M, int64_t N, int64_t K, int64_t sAb, int64_t sAm,
+    int64_t sAk, int64_t sBb, int64_t sBk, int64_t sBn, Epi epi) {
+  constexpr int kSlices = SkinnyShape<kKContig>::slices, kCols = SkinnyShape<kKContig>::cols;
+  // One partial sum per row and (slice, column) pair; a row is padded by one so a warp's reads of one
+  // column's slices (K-contiguous) fall on distinct banks.
+  __shared__ float part[kSkM][kSkThreads + 1];
+  const int64_t tiles_n = (N + kCols - 1) / kCols;
+  for (int64_t tile = blockIdx.x; tile < tiles_n * batch; tile += gridDim.x) {
+    const int64_t b = tile / tiles_n, n0 = (tile - b * tiles_n) * kCols;
+    const float* Ab = A + b * sAb;
+    const float* Bb = B + b * sBb;
+    for (int v = threadIdx.x; v < kSkThreads; v += blockDim.x) {
+      const int slice = kKContig ? v % kSlices : v / kCols, col = kKContig ? v / kSlices : v % kCols;
+      const int64_t n = n0 + col;
+      float acc[kSkM];
+#pragma unroll
+      for (int m = 0; m < kSkM; ++m) acc[m] = 0.f;
+      if (n < N) {
+        const float* bp = Bb + n * sBn;
+        for (int64_t k = slice; k < K; k += kSlices) {
+          const float bv = __ldg(bp + k * sBk);
+          const float* ap = Ab + k * sAk;
+#pragma unroll
+          for (int m = 0; m < kSkM; ++m)
+            if (m < M) acc[m] = fmaf(__ldg(ap + m * sAm), bv, acc[m]);
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < kSkM; ++m) part[m][v] = acc[m];
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < kSkM * kCols; p += blockDim.x) {
+      const int m = p / kCols, col = p - (p / kCols) * kCols;
+      const int64_t n = n0 + col;
+      if (m < M && n < N) {
+        float sum = 0.f;
+        for (int sl = 0; sl < kSlices; ++sl) sum += part[m][kKContig ? col * kSlices + sl : sl * kCols + col];
+        if (bias != nullptr) sum += __ldg(bias + n);
+        const int64_t at = (b * M + m) * N + n;
+        C[at] = epi(sum, at);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// The skinny kernel where A has at most kSkM rows and B is contiguous along K or N; false otherwise.
+template <typename Epi>
+static bool stitch_gemm_skinny(const float* A, const float* B, const float* bias, float* C, int64_t batch,
+                               int64_t M, int64_t N, int64_t K, int64_t sAb, int64_t sAm, int64_t sAk,
+                               int64_t sBb, int64_t sBk, int64_t sBn, const Epi& epi) {
+  const bool k_contig = sBk == 1 && (sBn != 1 || K >= N);
+  if (M > kSkM || (!k_contig && sBn != 1)) return false;
+  const int64_t cols = k_contig ? SkinnyShape<true>::cols : SkinnyShape<false>::cols;
+  const int64_t tiles = (N + cols - 1) / cols * batch;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(tiles, static_cast<int64_t>(sm_count()) * 8));
+  cudaStream_t stream = stitch::current_stream();
+  if (k_contig)
+    stitch_gemm_skinny_kernel<true, Epi><<<blocks, kSkThreads, 0, stream>>>(A, B, bias, C, batch, M, N, K, sAb,
+                                                                          sAm, sAk, sBb, sBk, sBn, epi);
+  else
+    stitch_gemm_skinny_kernel<false, Epi><<<blocks, kSkThreads, 0, stream>>>(A, B, bias, C, batch, M, N, K,
+                                                                           sAb, sAm, sAk, sBb, sBk, sBn, epi);
+  STITCH_LAUNCH_CHECK();
+  return true;
+}
+
 // One GEMM with its epilogue (`epi(v, i)`: v the element of C, bias included, i its flat index in C).
 // dims: batch, M, N, K, then the strides sAb, sAm, sAk, sBb, sBk, sBn.
 template <typename Epi>
@@ -415,6 +498,7 @@ static void stitch_gemm_with(const float* A, const float* B, const float* bias, 
   const int64_t batch = dims[0], M = dims[1], N = dims[2], K = dims[3], sAb = dims[4], sAm = dims[5],
                 sAk = dims[6], sBb = dims[7], sBk = dims[8], sBn = dims[9];
   if (batch == 0 || M == 0 || N == 0) return;
+  if (stitch_gemm_skinny(A, B, bias, C, batch, M, N, K, sAb, sAm, sAk, sBb, sBk, sBn, epi)) return;
   STITCH_CHECK(batch <= 65535, "custom gemm: batch too large");
   if (stitch_gemm_big(A, B, bias, C, batch, M, N, K, sAb, sAm, sAk, sBb, sBk, sBn, epi)) return;
   const dim3 grid(static_cast<unsigned>((N + GBN - 1) / GBN), static_cast<unsigned>((M + GBM - 1) / GBM),
@@ -440,6 +524,10 @@ CUDA_GEMM_CUTLASS = r"""
 static void stitch_gemm_launch(const float* A, const float* B, const float* bias, float* C,
                                const int64_t* dims) {
   if (dims[0] == 0 || dims[1] == 0 || dims[2] == 0) return;
+  // A few rows (an RNN's step, a small batch): the skinny kernel reads B once, CUTLASS would tile it.
+  if (dims[1] <= kSkM && stitch_gemm_skinny(A, B, bias, C, dims[0], dims[1], dims[2], dims[3], dims[4],
+                                            dims[5], dims[6], dims[7], dims[8], dims[9], StitchNoEpi{}))
+    return;
   if (stitch_tensor_core_device() && stitch_cutlass_gemm(A, B, bias, C, dims)) return;
   stitch_gemm_with(A, B, bias, C, dims, StitchNoEpi{});
 }
