@@ -6,11 +6,14 @@ PyTorch in float64."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
 from synth_build import load_program
 
+from stitchcuda.coder.synth import rnn
 from stitchcuda.coder.synth.ir import Unsupported
 from stitchcuda.coder.synth.synthesizer import Synthesizer, to_candidate
 from stitchcuda.coder.synth.variants import Variant
@@ -139,13 +142,52 @@ def test_dropout_between_layers_in_training_mode_is_refused(synth: Synthesizer) 
         synth.synthesize(source, None, variant=Variant(), device="cpu")
 
 
+# The CUDA program's recurrent loop on the CPU: its kernel text with one thread of one block (the loops stride
+# by blockDim and gridDim), launches as plain calls, in the CPU program in place of the CPU loop.
+CUDA_ON_CPU = r"""
+#define __global__
+#define __launch_bounds__(n)
+#define __shared__ static
+#define __syncthreads()
+struct StitchDim { unsigned x; };
+static const StitchDim blockIdx{0}, threadIdx{0}, gridDim{1}, blockDim{1};
+static inline float __ldg(const float* p) { return *p; }
+static inline int sm_count() { return 1; }
+#define STITCH_LAUNCH_CHECK()
+"""
+
+
+def cuda_loop_on_cpu(synthesis: Any) -> Any:
+    """`synthesis` (a CPU program of the strict policy) with the CUDA back end's loop and kernels emulated."""
+    host = synthesis.files["forward.cpp"]
+    helper = rnn.cpu_helper(custom=True)
+    assert helper in host
+    device = re.sub(r"<<<[^>]*>>>", "", rnn.cuda_device())
+    # One translation unit here: the constants both units define, once.
+    loop = rnn.cuda_host(custom=True).replace(rnn.STEP_CONSTANTS, "", 1)
+    name = synthesis.build.extension_name
+    files = dict(synthesis.files)
+    files["forward.cpp"] = host.replace(helper, CUDA_ON_CPU + device + "\n" + loop)
+    files["model_new.py"] = files["model_new.py"].replace(f"import {name} ", f"import {name}_cuda_loop ")
+    b = synthesis.build
+    build = SimpleNamespace(
+        extension_name=f"{name}_cuda_loop", sources=b.sources, cflags=b.cflags, ldflags=b.ldflags
+    )
+    return SimpleNamespace(files=files, build=build)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("gemm", ["library", "custom"])
+@pytest.mark.parametrize("gemm", ["library", "custom", "cuda_loop"])
 @pytest.mark.parametrize("name", sorted(PROBLEMS))
 def test_compiled_cpu_program_matches_pytorch(synth: Synthesizer, name: str, gemm: str) -> None:
+    """Each program against PyTorch in float64; `cuda_loop`: the CUDA program's loop, whose time steps each
+    run one kernel (the recurrent GEMM fused with the cell) at these batch sizes."""
     source = PROBLEMS[name]
     policy = KernelPolicy(LIBRARY if gemm == "library" else STRICT)
     synthesis = synth.synthesize(source, None, variant=Variant(), device="cpu", policy=policy)
+    if gemm == "cuda_loop":
+        assert "B <= kRnnRows" in rnn.cuda_host(custom=True)
+        synthesis = cuda_loop_on_cpu(synthesis)
     mn = load_program(synthesis)
     ns: dict[str, object] = {"__name__": "reference"}
     exec(compile(source, "reference.py", "exec"), ns)
