@@ -478,11 +478,12 @@ static bool stitch_gemm_skinny(const float* A, const float* B, const float* bias
   if (M > kSkM || (!k_contig && sBn != 1)) return false;
   const int64_t cols = k_contig ? SkinnyShape<true>::cols : SkinnyShape<false>::cols;
   const int64_t tiles = (N + cols - 1) / cols * batch;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(tiles, static_cast<int64_t>(sm_count()) * 8));
+  const int64_t most = static_cast<int64_t>(sm_count()) * 8;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(tiles, most));
   cudaStream_t stream = stitch::current_stream();
   if (k_contig)
-    stitch_gemm_skinny_kernel<true, Epi><<<blocks, kSkThreads, 0, stream>>>(A, B, bias, C, batch, M, N, K, sAb,
-                                                                          sAm, sAk, sBb, sBk, sBn, epi);
+    stitch_gemm_skinny_kernel<true, Epi><<<blocks, kSkThreads, 0, stream>>>(A, B, bias, C, batch, M, N, K,
+                                                                          sAb, sAm, sAk, sBb, sBk, sBn, epi);
   else
     stitch_gemm_skinny_kernel<false, Epi><<<blocks, kSkThreads, 0, stream>>>(A, B, bias, C, batch, M, N, K,
                                                                            sAb, sAm, sAk, sBb, sBk, sBn, epi);

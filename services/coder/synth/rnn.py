@@ -6,9 +6,9 @@ epilogue); each step then runs a library GEMM for h @ W_hh^T and one custom kern
 the gate activations (LSTM: i, f, g, o; GRU: r, z, n, all as in PyTorch), and updates the state in place,
 writing h straight into its direction's half of the output sequence. On CUDA, up to 16 batch rows (an RNN's
 usual batch), the two are one kernel a time step (STEP_KERNEL): a block computes every gate's recurrent sum of
-its hidden units, then their cell, reading the previous state from the previous step's output. Sequences stay in the caller's layout
-(batch- or time-major): nothing is transposed. The state buffers are h_n (and c_n) themselves, one
-(B, H) slice per layer and direction, so the final states cost no copy.
+its hidden units, then their cell, reading the previous state from the previous step's output. Sequences
+stay in the caller's layout (batch- or time-major): nothing is transposed. The state buffers are h_n (and
+c_n) themselves, one (B, H) slice per layer and direction, so the final states cost no copy.
 """
 
 from __future__ import annotations
