@@ -19,6 +19,9 @@ fi
 mkdir -p .device/bench
 # A call that goes on from an earlier one: its bench folders, carried as .prev/bench.tgz.
 [ -f ../.prev/bench.tgz ] && tar xzf ../.prev/bench.tgz -C .device && echo "resumed from .prev/bench.tgz"
+# A snapshot of the bench folders every 45 s: a call cut short by the device time still brings results back.
+( while sleep 45; do tar czf $OUT/bench.tmp -C .device bench 2>/dev/null && mv $OUT/bench.tmp $OUT/bench.tgz; done ) &
+SNAP=$!
 i=0
 for PATTERN in ${PATTERNS:-}; do
   i=$((i + 1))
@@ -30,4 +33,5 @@ for PATTERN in ${PATTERNS:-}; do
     --out $PWD/.device/bench/b$i > $OUT/bench$i.log 2>&1
   echo "bench rc $?"; tail -4 $OUT/bench$i.log
 done
+kill $SNAP 2>/dev/null; wait $SNAP 2>/dev/null
 tar czf $OUT/bench.tgz -C .device bench
