@@ -469,7 +469,8 @@ __global__ void __launch_bounds__(kSkThreads) stitch_gemm_skinny_kernel(
   }
 }
 
-// The skinny kernel where A has at most kSkM rows and B is contiguous along K or N; false otherwise.
+// The skinny kernel where A has at most kSkM rows, B is contiguous along K or N and the columns keep the SMs
+// busy; false otherwise.
 template <typename Epi>
 static bool stitch_gemm_skinny(const float* A, const float* B, const float* bias, float* C, int64_t batch,
                                int64_t M, int64_t N, int64_t K, int64_t sAb, int64_t sAm, int64_t sAk,
@@ -479,6 +480,8 @@ static bool stitch_gemm_skinny(const float* A, const float* B, const float* bias
   const int64_t cols = k_contig ? SkinnyShape<true>::cols : SkinnyShape<false>::cols;
   const int64_t tiles = (N + cols - 1) / cols * batch;
   const int64_t most = static_cast<int64_t>(sm_count()) * 8;
+  // Few columns over a long K would leave most SMs idle for the whole K: the split-K GEMMs take those.
+  if (tiles * 4 < sm_count() && K >= 8192) return false;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(tiles, most));
   cudaStream_t stream = stitch::current_stream();
   if (k_contig)
