@@ -339,14 +339,15 @@ def run(header: dict[str, Any], ref_path: str, device: str, send: Any, gpu: turn
         try:
             compiled = torch.compile(model)
             t0 = common.now()
-            with lending_slot(gpu, header, timing, keep=work == turns.ALONE):
-                with compiling(gpu, keep=work == turns.ALONE):
-                    with torch.no_grad():
-                        if seeds:
-                            common.seed_all(seeds[0])
-                        compiled(*pool[0])
-                    clock.sync()
-                timing["compile_seconds"] = common.now() - t0
+            # The slot is taken back (lending_slot's end) before the turn held before (compiling's end).
+            keep = work == turns.ALONE
+            with compiling(gpu, keep=keep), lending_slot(gpu, header, timing, keep=keep):
+                with torch.no_grad():
+                    if seeds:
+                        common.seed_all(seeds[0])
+                    compiled(*pool[0])
+                clock.sync()
+            timing["compile_seconds"] = common.now() - t0 - float(timing.get("slot_wait_s") or 0.0)
         except Exception as exc:
             compiled = None
             timing["compile_error"] = common.error_line(exc, 300)
@@ -374,15 +375,21 @@ def lending_slot(gpu: turns.Turns, header: dict[str, Any], timing: dict[str, Any
     """The torch.compile baseline's first call gives the node's GPU slot to another verification (a large
     model compiles for minutes, host work), then takes it back before the timings, waiting at most the
     header's `slot_wait_s`. Not where the run keeps the device alone (`keep`): its memory would not fit
-    beside another run's. The wait is in the timing's `slot_wait_s`; a wait that ran out in `slot_note`."""
-    lent = not keep and gpu.lend_slot()
+    beside another run's, nor while it holds a turn through the compile (a torch without the compile's
+    hooks): the slot's holder could never take the turn it needs to finish. The wait holds no turn, for the
+    same reason. The wait is in the timing's `slot_wait_s`; a wait that ran out in `slot_note`."""
+    lent = not keep and not gpu.held and gpu.lend_slot()
     try:
         yield
     finally:
         if lent:
             t0 = common.now()
+            held = gpu.held
+            gpu.release()
             if not gpu.take_slot(float(header.get("slot_wait_s") or 0.0)):
                 timing["slot_note"] = "timed without the node's GPU slot: its holder went on too long"
+            if held:
+                gpu.take(held)
             timing["slot_wait_s"] = round(common.now() - t0, 3)
 
 

@@ -12,13 +12,14 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
 from stitchcuda.shared.errors import Unavailable
 from stitchcuda.shared.gpu_slots import gpu_slot, held_slot
 from stitchcuda.verifier.harness import turns
-from stitchcuda.verifier.harness.turns import Turns
+from stitchcuda.verifier.harness.turns import ALONE, SHARED, Turns
 
 HARNESS = os.path.dirname(turns.__file__)
 
@@ -153,3 +154,40 @@ def test_the_sandbox_lends_the_slot_to_a_reference_run_only(tmp_path, monkeypatc
     finally:
         for n in turn_fds:
             os.close(n)
+
+
+def test_the_wait_for_the_slot_holds_no_turn(tmp_path):
+    """The slot's holder needs the turn alone to finish its timing: a run that waited for the slot holding a
+    turn (a compiled graph's run, or a torch without the compile's hooks) would stall both."""
+    sys.path.insert(0, HARNESS)
+    import reference_runner
+
+    started = threading.Event()
+
+    def other_verification() -> None:  # the slot, then a timing alone
+        with gpu_slot(tmp_path, "0", 1, timeout_s=5):
+            started.set()
+            timer = Turns.at(tmp_path, "0")
+            timer.take(ALONE)
+            timer.close()
+
+    with gpu_slot(tmp_path, "0", 1):
+        gpu = Turns(turns.open_files(tmp_path, "0"), slot=os.dup(held_slot()))  # type: ignore[arg-type]
+        timing: dict = {}
+        other = threading.Thread(target=other_verification, daemon=True)
+        with reference_runner.lending_slot(gpu, {"slot_wait_s": 20}, timing, keep=False):
+            other.start()
+            assert started.wait(5)
+            gpu.take(SHARED)  # still working on the device when the compile ends
+        other.join(5)
+        assert not other.is_alive()
+        assert "slot_note" not in timing and timing["slot_wait_s"] < 10
+        assert gpu.held == SHARED, "the turn held before the wait is held again"
+        # A run that holds a turn through the compile keeps its slot: the holder could not finish.
+        gpu.take(ALONE)
+        with reference_runner.lending_slot(gpu, {"slot_wait_s": 5}, {}, keep=False):
+            with pytest.raises(Unavailable):
+                with gpu_slot(tmp_path, "0", 1, timeout_s=0.2):
+                    pass
+        gpu.close()
+        os.close(gpu.slot)  # type: ignore[arg-type]
