@@ -95,7 +95,10 @@ FUSED_STEPS = (
     r"""      if (B <= kRnnRows) {
         const at::Tensor w_hh_d = stitch_dense(w_hh);
         const at::Tensor hh_buf = at::empty({B, gates * H}, x.options());
-        const int64_t ys_stride = per_b * dirs * H;
+        const int64_t ys_stride = per_b * dirs * H, xs_stride = per_b * gates * H;
+        const float* wh = w_hh_d.data_ptr<float>();
+        float* buf = hh_buf.data_ptr<float>();
+        float* hs = h.data_ptr<float>();
         for (int64_t i = 0; i < T; ++i) {
           const int64_t t = d == 0 ? i : T - 1 - i, t_prev = d == 0 ? t - 1 : t + 1;
           const bool zero = i == 0 && !given;
@@ -105,10 +108,6 @@ FUSED_STEPS = (
                             : i == 0 ? h0_d.data_ptr<float>() + (l * dirs + d) * B * H
                                      : y.data_ptr<float>() + t_prev * step * dirs * H + d * H;
           const int64_t hp_stride = i == 0 ? H : ys_stride;
-          const float* wh = w_hh_d.data_ptr<float>();
-          float* buf = hh_buf.data_ptr<float>();
-          float* hs = h.data_ptr<float>();
-          const int64_t xs_stride = per_b * gates * H;
           if (lstm) {
             lstm_step_launch(hp, hp_stride, wh, buf, xs, xs_stride, bhh, c, hs, ys, ys_stride, B, H, zero);
           } else {
