@@ -38,6 +38,15 @@ def include_dir() -> Path | None:
     return include if (include / "cutlass" / "cutlass.h").is_file() else None
 
 
+def util_include_dir() -> Path | None:
+    """CUTLASS's utility headers (cutlass/util/, which the Hopper convolution includes), or None."""
+    package = package_dir()
+    if package is None:
+        return None
+    util = package / "source" / "tools" / "util" / "include"
+    return util if (util / "cutlass" / "util" / "packed_stride.hpp").is_file() else None
+
+
 def version() -> str:
     """The installed nvidia-cutlass package's version ("" where missing): part of a build's cache key."""
     try:
@@ -52,8 +61,9 @@ def used_by(sources: Iterable[str]) -> bool:
 
 
 def build_flags(sources: Iterable[str]) -> list[str]:
-    """The CUDA compiler flags a build of these sources needs for CUTLASS: its include folder where one of
-    them includes a CUTLASS header (nothing otherwise). Raises where CUTLASS is needed and missing."""
+    """The CUDA compiler flags a build of these sources needs for CUTLASS: its include folders (headers and
+    utility headers) where one of them includes a CUTLASS header (nothing otherwise). Raises where CUTLASS
+    is needed and missing."""
     if not used_by(sources):
         return []
     include = include_dir()
@@ -62,7 +72,8 @@ def build_flags(sources: Iterable[str]) -> list[str]:
             "the sources include CUTLASS headers and the nvidia-cutlass package is not installed "
             "(pip install 'stitchcuda[cuda]')"
         )
-    return [f"-I{include}"]
+    util = util_include_dir()
+    return [f"-I{include}", *([f"-I{util}"] if util is not None else [])]
 
 
-__all__ = ["build_flags", "include_dir", "package_dir", "used_by", "version"]
+__all__ = ["build_flags", "include_dir", "package_dir", "used_by", "util_include_dir", "version"]

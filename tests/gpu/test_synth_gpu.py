@@ -219,6 +219,64 @@ def test_sm90_gemm_runs_wgmma_on_hopper(synth: Synthesizer) -> None:
     assert library == [], sorted(kernels)
 
 
+SM90_CONV = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        # Hopper's convolution: channels 64 -> 96 (tiles 3/4 full), 3-D strided, a dilated 5x5 over 5 input
+        # channels (split channels padded to 16), 61 output channels (padded to 64, stored unpadded); the
+        # last one too small for it (the own kernels).
+        self.a = nn.Conv2d(64, 96, 3, padding=1)
+        self.b = nn.Conv3d(16, 64, 3, stride=2, padding=1)
+        self.c = nn.Conv2d(5, 128, 5, stride=2, padding=2, dilation=2)
+        self.d = nn.Conv2d(32, 61, 3, padding=1, bias=False)
+        self.e = nn.Conv2d(3, 8, 3)
+
+    def forward(self, x, v, u, t):
+        return torch.cat([torch.relu(self.a(x)).flatten(), torch.tanh(self.b(v)).flatten(),
+                          self.c(u).flatten(), self.d(t).flatten(), self.e(t[:, :3]).flatten()])
+
+def get_inputs():
+    return [torch.randn(8, 64, 64, 64), torch.randn(4, 16, 32, 64, 64), torch.randn(32, 5, 128, 128),
+            torch.randn(16, 32, 96, 96)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_sm90_conv_runs_wgmma_on_hopper(synth: Synthesizer) -> None:
+    """Variant conv_kernel=cutlass_sm90 on compute capability 9.0: the direct convolutions run on CUTLASS's
+    Hopper implicit GEMM over split channels (the split passes, CUTLASS's kernel and the store launched), as
+    accurate as the float32 reference, and the Verifier counts none of them as a library's."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs compute capability 9.0 (H100/H200)")
+    synthesis = build_source(synth, SM90_CONV, Variant(gemm="custom", conv_kernel="cutlass_sm90"))
+    compare(SM90_CONV, synthesis.files["model_new.py"])
+    mn: dict[str, object] = {"__name__": "model_new"}
+    exec(compile(synthesis.files["model_new.py"], "model_new.py", "exec"), mn)
+    model = mn["ModelNew"]().cuda()  # type: ignore[operator]
+    torch.manual_seed(0)
+    ns: dict[str, object] = {}
+    exec(compile(SM90_CONV, "reference.py", "exec"), ns)
+    inputs = [x.cuda() for x in ns["get_inputs"]()]  # type: ignore[operator]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        model(*inputs)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert sum("stitch_conv_split_input" in n for n in kernels) == 4, sorted(set(kernels))
+    assert sum("stitch_conv_tc_store" in n for n in kernels) == 4, sorted(set(kernels))
+    assert sum("ConvUniversal" in n or "conv6kernel" in n for n in kernels) == 4, sorted(set(kernels))
+    symbols = accounting.global_symbols(dict(synthesis.files))
+    library = [
+        n for n in kernels if accounting.GPU_LIBRARY.search(n) and not accounting._defined_by(n, symbols)
+    ]
+    assert library == [], sorted(set(kernels))
+
+
 SM90_PANELS = """
 import torch
 import torch.nn as nn

@@ -621,9 +621,9 @@ static bool stitch_conv_dw(const float* x, const float* w, const float* bias, fl
   return true;
 }
 
-// One convolution (kT: transposed) with its epilogue: the depthwise kernel or the implicit GEMM where they
-// apply, the direct kernel otherwise. Each epilogue instantiates the kernels once more, so a program builds
-// only those it launches.
+__TC__// One convolution (kT: transposed) with its epilogue: the depthwise kernel or the implicit GEMM where
+// they apply, the direct kernel otherwise. Each epilogue instantiates the kernels once more, so a program
+// builds only those it launches.
 template <bool kT, typename Epi>
 static void stitch_conv_with(const float* x, const float* w, const float* bias, float* y, const int64_t* geom,
                              const Epi& epi) {
@@ -631,6 +631,11 @@ static void stitch_conv_with(const float* x, const float* w, const float* bias, 
   if constexpr (!kT) {
     if (stitch_conv_dw(x, w, bias, y, g, epi)) return;
   }
+#ifdef STITCH_CONV_SM90
+  if constexpr (!kT) {
+    if (stitch_conv_tc_sm90(x, w, bias, y, geom, g, epi)) return;
+  }
+#endif
   if (stitch_conv_igemm<kT>(x, w, bias, y, g, epi)) return;
   // Four output channels a thread where a group's channels split evenly (always, for the usual widths).
   if ((g.co / g.groups) % 4 == 0)
@@ -639,6 +644,66 @@ static void stitch_conv_with(const float* x, const float* w, const float* bias, 
     stitch_conv_run<kT, 1>(x, w, bias, y, g, epi);
 }
 """.replace("__WEIGHT__", _WEIGHT)
+
+# Direct convolutions on Hopper's tensor cores (variant conv_kernel=cutlass_sm90, cutlass_conv.py): the
+# CUTLASS unit writes the output channels-last into a scratch, and this store kernel lays it out as
+# [N, CO, spatial] with the bias and the epilogue. Taken where the work pays for the split passes and the
+# store, and the tiles are mostly filled (channels padded to TMA's 32-deep K tiles, 128-wide N tiles).
+CUDA_SM90 = r"""#define STITCH_CONV_SM90 1
+// The channels-last scratch [N, S, COp] (S output positions) into y [N, CO, S]: bias added, epilogue applied.
+// 32x32 tiles (positions x channels) through shared memory: read along the channels, written along the
+// positions.
+template <typename Epi>
+__global__ void __launch_bounds__(256)
+    stitch_conv_tc_store(const float* __restrict__ src, int64_t S, int64_t CO, int64_t COp, int64_t tiles_s,
+                         const float* __restrict__ bias, float* __restrict__ y, Epi epi) {
+  __shared__ float tile[32][33];
+  const int64_t n = blockIdx.y, c0 = (blockIdx.x / tiles_s) * 32, s0 = (blockIdx.x % tiles_s) * 32;
+  for (int i = threadIdx.x; i < 1024; i += 256) {
+    const int cc = i % 32, ss = i / 32;
+    const int64_t c = c0 + cc, s = s0 + ss;
+    tile[ss][cc] = c < CO && s < S ? src[(n * S + s) * COp + c] : 0.f;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < 1024; i += 256) {
+    const int ss = i % 32, cc = i / 32;
+    const int64_t c = c0 + cc, s = s0 + ss;
+    if (c >= CO || s >= S) continue;
+    const int64_t at = (n * CO + c) * S + s;
+    y[at] = epi(tile[ss][cc] + (bias != nullptr ? __ldg(bias + c) : 0.f), at);
+  }
+}
+
+// The fraction of a tensor-core tile's work that is the convolution's own: channels x 3 over 32-deep K
+// steps, output channels over 128-wide tiles.
+static double stitch_conv_tc_fill(const ConvGeom& g) {
+  const int64_t cp = (3 * g.c + 3) / 4 * 4, cop = (g.co + 3) / 4 * 4;
+  return static_cast<double>(cp) / static_cast<double>((cp + 31) / 32 * 32) * static_cast<double>(cop) /
+         static_cast<double>((cop + 127) / 128 * 128);
+}
+
+// A direct convolution through CUTLASS's Hopper kernel where it pays: at least 2^30 products, tiles at least
+// 30 % filled. false: not taken (nothing written), the own kernels run.
+template <typename Epi>
+static bool stitch_conv_tc_sm90(const float* x, const float* w, const float* bias, float* y,
+                                const int64_t* geom, const ConvGeom& g, const Epi& epi) {
+  const int64_t taps = g.k[0] * g.k[1] * g.k[2], S = g.out[0] * g.out[1] * g.out[2];
+  const double products =
+      static_cast<double>(g.n * S) * static_cast<double>(g.co) * static_cast<double>(g.c * taps);
+  if (g.groups != 1 || products < 1073741824.0 || stitch_conv_tc_fill(g) < 0.3) return false;
+  const int64_t cop = (g.co + 3) / 4 * 4, tiles_s = (S + 31) / 32, tiles = ((g.co + 31) / 32) * tiles_s;
+  if (tiles >= (int64_t{1} << 31) || g.n >= 65536) return false;
+  cudaStream_t stream = stitch::current_stream();
+  stitch::Scratch staged(static_cast<size_t>(g.n * S * cop) * sizeof(float), stream);
+  float* d = static_cast<float*>(staged.ptr);
+  if (!stitch_cutlass_conv(x, w, d, geom, cop)) return false;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(g.n));
+  stitch_conv_tc_store<Epi><<<grid, 256, 0, stream>>>(d, S, g.co, cop, tiles_s, bias, y, epi);
+  STITCH_LAUNCH_CHECK();
+  return true;
+}
+
+"""
 
 # The plain convolution's launcher (no epilogue): only in programs that launch a convolution of their own.
 CUDA_PLAIN = r"""
@@ -734,11 +799,12 @@ def same_padding(padding: str, kernel: tuple[int, ...], dilation: list[int]) -> 
 HOST = HOST_PREPARE + HOST_PLAIN
 
 
-def device_source(backend: str, *, plain: bool = True) -> str:
-    """The kernels; `plain`: with the launcher of a convolution without epilogue (always on the CPU)."""
+def device_source(backend: str, *, plain: bool = True, sm90: bool = False) -> str:
+    """The kernels; `plain`: with the launcher of a convolution without epilogue (always on the CPU);
+    `sm90`: direct convolutions try Hopper's tensor cores first (CUDA_SM90, cutlass_conv.py's unit)."""
     if backend != "cuda":
         return COMMON + CPU
-    return COMMON + CUDA + (CUDA_PLAIN if plain else "")
+    return COMMON + CUDA.replace("__TC__", CUDA_SM90 if sm90 else "") + (CUDA_PLAIN if plain else "")
 
 
 def host_source(backend: str, *, plain: bool = True) -> str:

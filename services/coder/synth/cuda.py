@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from stitchcuda.coder.synth import convolution, cutlass_gemm, libops, rnn
+from stitchcuda.coder.synth import convolution, cutlass_conv, cutlass_gemm, libops, rnn
 from stitchcuda.coder.synth.codegen import (
     CTYPE,
     Host,
@@ -1151,6 +1151,9 @@ def emit(
     layouts = cutlass_gemm.layouts_of(program.graph, ops) if cutlass else set()
     if (layouts or (sm90 and cutlass_gemm.has_gemm(ops))) and "gemm_plain" in host.helpers:
         host.helpers.add("cutlass")
+    # Hopper's convolution (cutlass_conv.py) where the program runs its own convolutions.
+    if variant.gemm == "custom" and variant.conv_kernel == "cutlass_sm90" and "conv" in host.helpers:
+        host.helpers.add("conv_sm90")
     ret, params = host.signature()
     forward = [f"{ret} forward(", "    " + ",\n    ".join(params) + ") {", *indent(body, 2), "}"]
     device_code = "\n\n".join(
@@ -1183,6 +1186,7 @@ def emit(
             "using namespace stitch;",
             "",
             *([cutlass_gemm.DECLARATION, ""] if "cutlass" in host.helpers else []),
+            *([cutlass_conv.DECLARATION, ""] if "conv_sm90" in host.helpers else []),
             "namespace {",
             device_code,
             "",
@@ -1241,8 +1245,11 @@ def emit(
     files = {BINDING_FILE: binding, HOST_FILE: source, KERNELS_FILE: device}
     if "cutlass" in host.helpers:
         files[cutlass_gemm.FILE] = cutlass_gemm.source(layouts, BRIDGE, HEADER_NAME, sm90=sm90)
-        files = dict(sorted(files.items()))
-    extra = list(cutlass_gemm.SM90_CUDA_CFLAGS) if sm90 and "cutlass" in host.helpers else []
+    if "conv_sm90" in host.helpers:
+        files[cutlass_conv.FILE] = cutlass_conv.source(BRIDGE, HEADER_NAME)
+    files = dict(sorted(files.items()))
+    sm90_unit = ("cutlass" in host.helpers and sm90) or "conv_sm90" in host.helpers
+    extra = list(cutlass_gemm.SM90_CUDA_CFLAGS) if sm90_unit else []
     return files, list(CFLAGS), [*CUDA_CFLAGS, *extra], list(LDFLAGS)
 
 

@@ -112,7 +112,7 @@ bool stitch_cutlass_run(const float* A, int64_t lda, const float* B, int64_t ldb
 }
 """
 
-_SM90 = r"""
+_SM90_TYPES = r"""
 // ---- Hopper: CUTLASS 3 wgmma TF32 GEMM over operands split into TF32 pairs (3xTF32 along K) ----
 using StitchSm90Tile = cute::Shape<cute::_128, cute::_128, cute::_32>;
 using StitchSm90Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
@@ -143,6 +143,11 @@ using StitchSm90Kernel = cutlass::gemm::kernel::GemmUniversal<
     cute::Shape<int, int, int, int>, StitchSm90Mainloop, StitchSm90Epilogue, cutlass::gemm::StreamKScheduler>;
 using StitchSm90Gemm = cutlass::gemm::device::GemmUniversalAdapter<StitchSm90Kernel>;
 
+"""
+
+# What both Hopper units use (the GEMM's here, the convolution's, cutlass_conv.py): the sm_90a probe and the
+# TF32 split of a float.
+SM90_COMMON = r"""
 // Writes 1 where the device runs this unit's sm_90a code (wgmma), nothing elsewhere.
 __global__ void stitch_sm90a_probe(int* flag) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -196,6 +201,9 @@ __device__ __forceinline__ void stitch_tf32_pair(float v, float& hi, float& lo) 
   lo = isfinite(hi) ? stitch_tf32_round(v - hi) : 0.f;
 }
 
+"""
+
+_SM90_GEMM = r"""
 // One operand, rows R (M of A, N of B) by depth K read at src[b * sb + r * sr + k * sk], written K-major as
 // out[b][r][0..Kp): A as [hi | hi | lo], B as [hi | lo | hi] (b_side), then the bias columns (A: two ones;
 // B: the bias's hi and lo parts) and zeros to Kp. 32x32 tiles through shared memory, loaded along whichever
@@ -471,23 +479,11 @@ def source(layouts: set[tuple[str, str]], bridge: str, header: str, *, sm90: boo
             "// templates instantiated here (3xTF32 tensor-op GEMM); kernels.cu calls stitch_cutlass_gemm.",
             "// No program's name here: programs with alike GEMMs carry the same text, and the",
             "// Verifier's builds share its compiled object.",
-            "// CUTLASS's device-side asserts off: a call in a wgmma pipeline serializes it.",
-            "#define NDEBUG 1",
-            f'#include "{header}"',
-            "",
-            "#include <cuda_runtime.h>",
-            "",
-            "#include <algorithm>",
-            "#include <atomic>",
-            "#include <cstdint>",
-            "",
-            "// Every CUTLASS symbol this unit instantiates stays inside the program's .so.",
-            "#pragma GCC visibility push(hidden)",
-            "#include <cutlass/cutlass.h>",
+            *prelude(header),
             *(sm90_headers if sm90 else sm80_headers),
             bridge,
             "namespace {",
-            *([_SMS, _SM90] if sm90 else [_SM80_GEMM + _SMS + _SM80_RUN]),
+            *([_SMS, _SM90_TYPES, SM90_COMMON, _SM90_GEMM] if sm90 else [_SM80_GEMM + _SMS + _SM80_RUN]),
             "}  // namespace",
             _ENTRY.replace("__PARAMS__", _PARAMS).replace("__HIDDEN__", _HIDDEN).replace("__BODY__", body),
             "#pragma GCC visibility pop",
@@ -495,4 +491,33 @@ def source(layouts: set[tuple[str, str]], bridge: str, header: str, *, sm90: boo
     )
 
 
-__all__ = ["DECLARATION", "FILE", "KERNELS", "SM90_CUDA_CFLAGS", "has_gemm", "layouts_of", "source"]
+def prelude(header: str) -> list[str]:
+    """The opening lines of a CUTLASS unit (this one's, cutlass_conv.py's) up to CUTLASS's own headers."""
+    return [
+        "// CUTLASS's device-side asserts off: a call in a wgmma pipeline serializes it.",
+        "#define NDEBUG 1",
+        f'#include "{header}"',
+        "",
+        "#include <cuda_runtime.h>",
+        "",
+        "#include <algorithm>",
+        "#include <atomic>",
+        "#include <cstdint>",
+        "",
+        "// Every CUTLASS symbol this unit instantiates stays inside the program's .so.",
+        "#pragma GCC visibility push(hidden)",
+        "#include <cutlass/cutlass.h>",
+    ]
+
+
+__all__ = [
+    "DECLARATION",
+    "FILE",
+    "KERNELS",
+    "SM90_COMMON",
+    "SM90_CUDA_CFLAGS",
+    "has_gemm",
+    "layouts_of",
+    "prelude",
+    "source",
+]

@@ -1120,7 +1120,9 @@ def device_source(helpers: set[str], backend: str) -> str:
     elif "custom" in helpers:
         parts.append(CPU_KERNELS)
     if "conv" in helpers:
-        parts.append(convolution.device_source(backend, plain="conv_plain" in helpers))
+        parts.append(
+            convolution.device_source(backend, plain="conv_plain" in helpers, sm90="conv_sm90" in helpers)
+        )
     if "causal" in helpers and backend == "cuda":
         parts.append(CAUSAL_CUDA)
     if "cat" in helpers and backend == "cuda":

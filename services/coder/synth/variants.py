@@ -41,6 +41,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
     # 1.19-1.75x cuBLAS's float32 SGEMM where SM80's reached 0.54x, as accurate; convolutions stay the
     # synthesizer's.
     "gemm_kernel": ("cutlass_sm90", "cutlass", "own"),
+    # The own direct convolutions on CUDA (groups of one, 1-3 spatial dims): own, the synthesizer's kernels
+    # (convolution.py); cutlass_sm90, CUTLASS 3's Hopper implicit-GEMM convolution over channels split into
+    # TF32 pairs (cutlass_conv.py; the own kernels on other devices and for convolutions it does not take).
+    "conv_kernel": ("own", "cutlass_sm90"),
     # The pointwise kernel over an own GEMM's (nn.Linear) or convolution's output on CUDA (activation,
     # scaling, clamp, residual): a kernel after it, or inside its store (one pass over the output). A kernel
     # first: inside the store, the convolutions measured on the H200 ran slower (problem 4: 46.2 ms vs
@@ -66,6 +70,7 @@ class Variant:
     conv_bias: str = "epilogue"
     mma: str = "simt"
     gemm_kernel: str = "cutlass_sm90"
+    conv_kernel: str = "own"
     epilogue: str = "kernel"
     acc: str = "auto"
     split: str = "auto"
@@ -109,6 +114,7 @@ RELEVANT: dict[str, frozenset[str]] = {
     "conv_bias": frozenset({"conv"}),
     "mma": frozenset({"gemm", "conv"}),
     "gemm_kernel": frozenset({"gemm"}),
+    "conv_kernel": frozenset({"conv"}),
     "epilogue": frozenset({"gemm", "conv"}),
 }
 

@@ -173,7 +173,7 @@ def test_cutlass_unit_compiles_and_links_to_the_kernels(tmp_path: Path) -> None:
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     flags = cutlass.build_flags(files.values())
-    assert flags == [f"-I{cutlass.include_dir()}"]
+    assert flags == [f"-I{cutlass.include_dir()}", f"-I{cutlass.util_include_dir()}"]
     units = {
         name: subprocess.Popen(
             [*nvcc_command(tmp_path / name, tmp_path / f"{name}.o"), *flags],

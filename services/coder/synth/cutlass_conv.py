@@ -1,0 +1,218 @@
+"""The program's direct convolutions on Hopper's tensor cores (CUDA, variant conv_kernel=cutlass_sm90).
+
+CUTLASS 3's implicit-GEMM convolution for compute capability 9.0 (TMA im2col loads, warp-specialized wgmma,
+instantiated in the program's own sources, so the strict policy counts it as the program's own kernel) over
+operands split beforehand into TF32 pairs along the channels, as the Hopper GEMM splits along K
+(cutlass_gemm.py): one pass writes the input channels-last as [hi | hi | lo] and the weight as
+[hi | lo | hi], so one TF32 convolution over three times the channels adds exactly the three products of
+3xTF32 in float accumulators. Channels are padded with zeros to a multiple of four (TMA moves 16 bytes), the
+output channels too; the convolution writes its output channels-last into a scratch, and the program's own
+kernel (convolution.py, CUDA_TC) lays it out as the program's [N, C, spatial...] while it adds the bias and
+applies the epilogue, so a fused epilogue stays one pass over the output.
+
+One instantiation serves every rank (1-3 spatial dims, as a 3-D problem with leading size-1 dims), stride,
+padding and dilation that TMA's im2col mode takes (`can_implement`); a convolution it refuses, a grouped or
+transposed one, or one too deep for wgmma's truncating accumulation runs on the own kernels. A translation
+unit of its own (cutlass_conv.cu: CUTLASS 3's convolution and its 2.x GEMM headers, which the Hopper GEMM's
+unit includes, match each other's kernel templates), with the Hopper GEMM's probe and TF32 split
+(cutlass_gemm.SM90_COMMON).
+"""
+
+from __future__ import annotations
+
+from stitchcuda.coder.synth import cutlass_gemm
+
+FILE = "cutlass_conv.cu"
+
+# The host-side entry point kernels.cu calls (declared there, defined in cutlass_gemm.cu).
+_PARAMS = "const float* x, const float* w, float* out, const int64_t* geom, int64_t out_channels_padded"
+DECLARATION = f'__attribute__((visibility("hidden"))) bool stitch_cutlass_conv({_PARAMS});'
+
+HEADERS = [
+    "#include <cute/tensor.hpp>",
+    "#include <cutlass/epilogue/collective/collective_builder.hpp>",
+    "#include <cutlass/conv/collective/collective_builder.hpp>",
+    "#include <cutlass/conv/convnd_problem_shape.hpp>",
+    "#include <cutlass/conv/convolution.h>",
+    "#include <cutlass/conv/device/conv_universal_adapter.hpp>",
+    "#include <cutlass/conv/dispatch_policy.hpp>",
+    "#include <cutlass/conv/kernel/conv_universal.hpp>",
+]
+
+# Inside the unit's anonymous namespace, after cutlass_gemm.SM90_COMMON.
+SOURCE = r"""
+// ---- Hopper: CUTLASS 3 implicit-GEMM convolution over channels split into TF32 pairs ----
+using StitchConvTile = cute::Shape<cute::_128, cute::_128, cute::Shape<cute::_32>>;
+using StitchConvCluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
+using StitchConvEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, StitchConvTile, StitchConvCluster,
+    cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::TensorNDHWC, 4,
+    float, cutlass::layout::TensorNDHWC, 4, cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
+using StitchConvMainloop = typename cutlass::conv::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::conv::Operator::kFprop, float,
+    cutlass::layout::TensorNDHWC, 4, float, cutlass::layout::TensorNDHWC, 4, float, StitchConvTile,
+    StitchConvCluster,
+    cutlass::conv::collective::StageCountAutoCarveout<
+        static_cast<int>(sizeof(typename StitchConvEpilogue::SharedStorage))>,
+    cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
+using StitchConvProblem = cutlass::conv::ConvProblemShape<cutlass::conv::Operator::kFprop, 3>;
+using StitchConvKernel =
+    cutlass::conv::kernel::ConvUniversal<StitchConvProblem, StitchConvMainloop, StitchConvEpilogue>;
+using StitchConv = cutlass::conv::device::ConvUniversalAdapter<StitchConvKernel>;
+
+// wgmma truncates as it accumulates: past this depth (channels x 3 x taps) the error of a sum could pass the
+// Verifier's tolerance (the GEMM measured 1.4e-5 relative L2 at 65536), and the own kernels run instead.
+constexpr int64_t kStitchConvMaxDepth = 24576;
+
+// The input [N, C, S] (S the spatial positions) channels-last as [N, S, Cp]: per position hi | hi | lo of
+// its C channels, zeros to Cp. 32x32 tiles (channels x positions) through shared memory: read along the
+// positions, written along the channels.
+__global__ void __launch_bounds__(256)
+    stitch_conv_split_input(const float* __restrict__ x, int64_t C, int64_t S, int64_t Cp, int64_t tiles_s,
+                            float* __restrict__ out) {
+  __shared__ float tile[32][33];
+  const int64_t n = blockIdx.y, c0 = (blockIdx.x / tiles_s) * 32, s0 = (blockIdx.x % tiles_s) * 32;
+  const float* in = x + n * C * S;
+  for (int i = threadIdx.x; i < 1024; i += 256) {
+    const int ss = i % 32, cc = i / 32;
+    const int64_t c = c0 + cc, s = s0 + ss;
+    tile[cc][ss] = c < C && s < S ? in[c * S + s] : 0.f;
+  }
+  __syncthreads();
+  float* dst = out + n * S * Cp;
+  for (int i = threadIdx.x; i < 1024; i += 256) {
+    const int cc = i % 32, ss = i / 32;
+    const int64_t c = c0 + cc, s = s0 + ss;
+    if (c >= C || s >= S) continue;
+    float hi, lo;
+    stitch_tf32_pair(tile[cc][ss], hi, lo);
+    float* row = dst + s * Cp;
+    row[c] = hi;
+    row[C + c] = hi;
+    row[2 * C + c] = lo;
+  }
+  if (c0 != 0) return;
+  // The padding channels of this tile's positions (C is its own tile's business past c0 = 0).
+  const int64_t pad = Cp - 3 * C;
+  for (int64_t i = threadIdx.x; i < 32 * pad; i += 256) {
+    const int64_t s = s0 + i / pad;
+    if (s < S) dst[s * Cp + 3 * C + i % pad] = 0.f;
+  }
+}
+
+// The weight [CO, C, T] (T the taps) as [COp, T, Cp]: per output channel and tap hi | lo | hi of its C input
+// channels, zeros to Cp; output channels past CO all zeros. Small: one thread an element of the output.
+__global__ void __launch_bounds__(256)
+    stitch_conv_split_weight(const float* __restrict__ w, int64_t CO, int64_t C, int64_t T, int64_t COp,
+                             int64_t Cp, float* __restrict__ out) {
+  const int64_t total = COp * T * Cp;
+  for (int64_t i = blockIdx.x * 256LL + threadIdx.x; i < total; i += static_cast<int64_t>(gridDim.x) * 256) {
+    const int64_t cp = i % Cp, t = (i / Cp) % T, co = i / (Cp * T);
+    float v = 0.f;
+    if (co < CO && cp < 3 * C) {
+      const int64_t part = cp / C, c = cp - part * C;
+      float hi, lo;
+      stitch_tf32_pair(w[(co * C + c) * T + t], hi, lo);
+      v = part == 1 ? lo : hi;
+    }
+    out[i] = v;
+  }
+}
+"""
+
+# After the anonymous namespace: the entry point.
+ENTRY = r"""
+// The direct convolution of geom (convolution.py's ConvGeom fields) of x [N, C, D, H, W] by w [CO, C, taps],
+// into out [N, OD, OH, OW, COp] channels-last (COp: CO padded to a multiple of 4, its extra channels zero),
+// on Hopper's tensor cores in float32-class accuracy. false: not this device, or a convolution this kernel
+// does not take (grouped, too deep, or refused by CUTLASS); out not written.
+__HIDDEN__ bool stitch_cutlass_conv(__PARAMS__) {
+  const int64_t N = geom[0], C = geom[1], CO = geom[2], groups = geom[3];
+  const int64_t COp = out_channels_padded, Cp = (3 * C + 3) / 4 * 4;
+  int64_t in[3], out_sz[3], k[3], stride[3], pad[3], dil[3], S = 1, OS = 1, T = 1;
+  for (int j = 0; j < 3; ++j) {
+    in[j] = geom[4 + j];
+    out_sz[j] = geom[7 + j];
+    k[j] = geom[10 + j];
+    stride[j] = geom[13 + j];
+    pad[j] = geom[16 + j];
+    dil[j] = geom[19 + j];
+    S *= in[j];
+    OS *= out_sz[j];
+    T *= k[j];
+  }
+  const int64_t limit = int64_t{1} << 31;
+  if (groups != 1 || COp % 4 != 0 || COp < CO || Cp * T > kStitchConvMaxDepth || N * S * Cp >= limit ||
+      N * OS * COp >= limit || N * OS == 0)
+    return false;
+  cudaStream_t stream = stitch::current_stream();
+  if (!stitch_sm90_ready(stream)) return false;
+  // The padding after each dim that gives this output extent (a convolution's floor may drop input).
+  int64_t pad_hi[3];
+  for (int j = 0; j < 3; ++j)
+    pad_hi[j] = std::max<int64_t>(0, (out_sz[j] - 1) * stride[j] + dil[j] * (k[j] - 1) + 1 - in[j] - pad[j]);
+  auto i32 = [](int64_t v) { return static_cast<int>(v); };
+  StitchConvProblem problem(cutlass::conv::Mode::kCrossCorrelation,
+                            {i32(N), i32(in[0]), i32(in[1]), i32(in[2]), i32(Cp)},
+                            {i32(COp), i32(k[0]), i32(k[1]), i32(k[2]), i32(Cp)},
+                            {i32(pad[0]), i32(pad[1]), i32(pad[2])},
+                            {i32(pad_hi[0]), i32(pad_hi[1]), i32(pad_hi[2])},
+                            {i32(stride[0]), i32(stride[1]), i32(stride[2])},
+                            {i32(dil[0]), i32(dil[1]), i32(dil[2])}, 1);
+  for (int j = 0; j < 3; ++j)
+    if (problem.shape_C[1 + j] != out_sz[j]) return false;
+  stitch::Scratch xs(static_cast<size_t>(N * S * Cp) * sizeof(float), stream);
+  stitch::Scratch ws(static_cast<size_t>(COp * T * Cp) * sizeof(float), stream);
+  using Kernel = StitchConv::ConvKernel;
+  typename Kernel::StrideD stride_d;
+  cute::for_each(cute::make_seq<cute::rank<0>(typename Kernel::StrideD{})>{}, [&](auto i) {
+    cute::get<0, i>(stride_d) = problem.stride_C[StitchConvProblem::RankT - 2 - i];
+  });
+  typename StitchConv::Arguments args{
+      problem,
+      {static_cast<const float*>(xs.ptr), static_cast<const float*>(ws.ptr)},
+      {{1.f, 0.f}, nullptr, typename Kernel::StrideC{}, out, stride_d}};
+  StitchConv conv;
+  if (conv.can_implement(args) != cutlass::Status::kSuccess) return false;
+  const int64_t tiles_s = (S + 31) / 32, tiles = ((C + 31) / 32) * tiles_s;
+  if (tiles >= limit) return false;
+  stitch_conv_split_input<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(N)), 256, 0, stream>>>(
+      x, C, S, Cp, tiles_s, static_cast<float*>(xs.ptr));
+  STITCH_LAUNCH_CHECK();
+  const int64_t wblocks = std::min<int64_t>((COp * T * Cp + 255) / 256, int64_t{1} << 16);
+  stitch_conv_split_weight<<<static_cast<unsigned>(wblocks), 256, 0, stream>>>(w, CO, C, T, COp, Cp,
+                                                                             static_cast<float*>(ws.ptr));
+  STITCH_LAUNCH_CHECK();
+  const size_t bytes = StitchConv::get_workspace_size(args);
+  stitch::Scratch workspace(bytes > 0 ? bytes : 1, stream);
+  STITCH_CHECK(conv.initialize(args, workspace.ptr, stream) == cutlass::Status::kSuccess,
+               "CUTLASS SM90 convolution: initialize failed");
+  STITCH_CHECK(conv.run(stream) == cutlass::Status::kSuccess, "CUTLASS SM90 convolution: launch failed");
+  STITCH_LAUNCH_CHECK();
+  return true;
+}
+""".replace("__PARAMS__", _PARAMS).replace("__HIDDEN__", '__attribute__((visibility("hidden")))')
+
+
+def source(bridge: str, header: str) -> str:
+    """cutlass_conv.cu: `bridge` declares the stream, scratch memory and checks forward.cpp defines
+    (cuda.BRIDGE), `header` is the program's shared header. The same text in every program that has it."""
+    return "\n".join(
+        [
+            "// Synthesized by StitchCUDA's built-in coder (CUDA backend): direct convolutions as",
+            "// CUTLASS 3's Hopper implicit GEMM instantiated here (3xTF32 over split channels); kernels.cu",
+            "// calls stitch_cutlass_conv. No program's name here: the Verifier's builds share its object.",
+            *cutlass_gemm.prelude(header),
+            *HEADERS,
+            bridge,
+            "namespace {",
+            cutlass_gemm.SM90_COMMON,
+            SOURCE,
+            "}  // namespace",
+            ENTRY,
+            "#pragma GCC visibility pop",
+        ]
+    )
+
+
+__all__ = ["DECLARATION", "FILE", "source"]
