@@ -226,12 +226,12 @@ import torch.nn as nn
 class Model(nn.Module):
     def __init__(self):
         super().__init__()
-        # Hopper's convolution: channels 64 -> 96 (tiles 3/4 full), 3-D strided, a dilated 5x5 over 5 input
-        # channels (split channels padded to 16), 61 output channels (padded to 64, stored unpadded); the
-        # last one too small for it (the own kernels).
+        # Hopper's convolution: channels 64 -> 96 (tiles 3/4 full), 3-D strided, a dilated 5x5 over 6 input
+        # channels (split channels padded to 20), 61 output channels (padded to 64, stored unpadded); the
+        # last one too shallow for it (27 products an output element: the own kernels).
         self.a = nn.Conv2d(64, 96, 3, padding=1)
         self.b = nn.Conv3d(16, 64, 3, stride=2, padding=1)
-        self.c = nn.Conv2d(5, 128, 5, stride=2, padding=2, dilation=2)
+        self.c = nn.Conv2d(6, 128, 5, stride=2, padding=2, dilation=2)
         self.d = nn.Conv2d(32, 61, 3, padding=1, bias=False)
         self.e = nn.Conv2d(3, 8, 3)
 
@@ -240,7 +240,7 @@ class Model(nn.Module):
                           self.c(u).flatten(), self.d(t).flatten(), self.e(t[:, :3]).flatten()])
 
 def get_inputs():
-    return [torch.randn(8, 64, 64, 64), torch.randn(4, 16, 32, 64, 64), torch.randn(32, 5, 128, 128),
+    return [torch.randn(8, 64, 64, 64), torch.randn(4, 16, 32, 64, 64), torch.randn(32, 6, 128, 128),
             torch.randn(16, 32, 96, 96)]
 
 def get_init_inputs():

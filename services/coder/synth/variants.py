@@ -41,10 +41,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     # 1.19-1.75x cuBLAS's float32 SGEMM where SM80's reached 0.54x, as accurate; convolutions stay the
     # synthesizer's.
     "gemm_kernel": ("cutlass_sm90", "cutlass", "own"),
-    # The own direct convolutions on CUDA (groups of one, 1-3 spatial dims): own, the synthesizer's kernels
-    # (convolution.py); cutlass_sm90, CUTLASS 3's Hopper implicit-GEMM convolution over channels split into
-    # TF32 pairs (cutlass_conv.py; the own kernels on other devices and for convolutions it does not take).
-    "conv_kernel": ("own", "cutlass_sm90"),
+    # The own direct convolutions on CUDA (groups of one, 1-3 spatial dims): cutlass_sm90, CUTLASS 3's Hopper
+    # implicit-GEMM convolution over channels split into TF32 pairs (cutlass_conv.py; the own kernels on
+    # other devices and for convolutions it does not take); own, the synthesizer's kernels (convolution.py).
+    # Hopper's first: measured on an H100 (benchmarks/results/gpu_stop40) at 1.6-2.1x the own kernels on
+    # level-2 problems 1 and 17 and level-1 problem 55, 1.2x on level-1 problem 63 (16 input channels).
+    "conv_kernel": ("cutlass_sm90", "own"),
     # The pointwise kernel over an own GEMM's (nn.Linear) or convolution's output on CUDA (activation,
     # scaling, clamp, residual): a kernel after it, or inside its store (one pass over the output). A kernel
     # first: inside the store, the convolutions measured on the H200 ran slower (problem 4: 46.2 ms vs
@@ -70,7 +72,7 @@ class Variant:
     conv_bias: str = "epilogue"
     mma: str = "simt"
     gemm_kernel: str = "cutlass_sm90"
-    conv_kernel: str = "own"
+    conv_kernel: str = "cutlass_sm90"
     epilogue: str = "kernel"
     acc: str = "auto"
     split: str = "auto"
@@ -132,11 +134,13 @@ def features_of(values: dict[str, str] | Any) -> frozenset[str] | None:
 
 
 def _simpler_gemm_kernels(previous: Variant, why: str) -> list[tuple[Variant, str]]:
-    """The GEMM kernels to step back to after a failure of a CUTLASS one (CUDA, own GEMMs): Hopper's to
-    SM80's, then either to the synthesizer's own."""
+    """The GEMM and convolution kernels to step back to after a failure of a CUTLASS one (CUDA, own kernels):
+    Hopper's convolution to the own; Hopper's GEMM to SM80's, then either to the synthesizer's own."""
     steps: list[tuple[Variant, str]] = []
     if previous.gemm != "custom":
         return steps
+    if previous.conv_kernel == "cutlass_sm90":
+        steps.append((previous.with_(conv_kernel="own"), f"{why}: the own convolutions, not CUTLASS's"))
     if previous.gemm_kernel == "cutlass_sm90":
         steps.append((previous.with_(gemm_kernel="cutlass"), f"{why}: CUTLASS's SM80 GEMM, not SM90's"))
     if previous.gemm_kernel != "own":
@@ -215,6 +219,11 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
             for other in CHOICES["gemm_kernel"]:
                 if other != previous.gemm_kernel:
                     out.append((previous.with_(gemm_kernel=other), f"GEMMs as the {other} kernels, measured"))
+            for other in CHOICES["conv_kernel"]:
+                if other != previous.conv_kernel:
+                    out.append(
+                        (previous.with_(conv_kernel=other), f"convolutions as the {other} kernels, measured")
+                    )
             other = "tf32x3" if previous.mma == "simt" else "simt"
             out.append((previous.with_(mma=other), f"own GEMM/convolution products on {other}, measured"))
             other = "fused" if previous.epilogue == "kernel" else "kernel"

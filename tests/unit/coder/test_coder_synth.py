@@ -106,18 +106,23 @@ def test_cuda_program_for_every_suite_problem(synth: Synthesizer, name: str) -> 
     cand = to_candidate(synth.synthesize(ref, None, variant=Variant(), device="cuda"))
     validate(cand)
     files = {f.path: f.content for f in cand.files}
-    # A program with GEMMs instantiates CUTLASS's in a unit of its own (variant gemm_kernel=cutlass_sm90).
+    # A program with GEMMs instantiates CUTLASS's in a unit of its own (variant gemm_kernel=cutlass_sm90), one
+    # with convolutions CUTLASS's Hopper convolution in another (conv_kernel=cutlass_sm90).
     sources = [
         "binding.cpp",
+        *(["cutlass_conv.cu"] if "cutlass_conv.cu" in files else []),
         *(["cutlass_gemm.cu"] if "cutlass_gemm.cu" in files else []),
         "forward.cpp",
         "kernels.cu",
     ]
     assert cand.build.backend == "cuda" and list(cand.build.sources) == sources
-    if "cutlass_gemm.cu" in files:
-        assert (
-            "stitch_cutlass_gemm(" in files["kernels.cu"] and "#include <cutlass/" in files["cutlass_gemm.cu"]
-        )
+    for unit, entry in (
+        ("cutlass_gemm.cu", "stitch_cutlass_gemm("),
+        ("cutlass_conv.cu", "stitch_cutlass_conv("),
+    ):
+        if unit in files:
+            assert entry in files["kernels.cu"] and "#include <cutlass/" in files[unit]
+    assert ("cutlass_conv.cu" in files) == ("stitch_conv_with" in files["kernels.cu"])
     check_model_new(ref, cand)
     cu, host = files["kernels.cu"], files["forward.cpp"]
     assert "__global__" in cu and "__launch_bounds__" in cu

@@ -46,7 +46,7 @@ def test_own_gemm_kernels_can_step_from_tensor_cores_to_simt() -> None:
     v = verdict(compiled=True, correct=False, reason="mismatch")
     v.correctness.max_rel_l2 = 3e-3
     v.correctness.tolerance = 1e-5
-    tensor = Variant(gemm="custom", gemm_kernel="own", mma="tf32x3")
+    tensor = Variant(gemm="custom", gemm_kernel="own", conv_kernel="own", mma="tf32x3")
     picks = next_variants({**tensor.as_map(), "features": "gemm,conv"}, v, cuda=True, count=2)
     assert picks[0][0].mma == "simt" and "SIMT" in picks[0][1]
     assert all(p.mma == "simt" for p, _ in next_variants(Variant().as_map(), v, cuda=True, count=5))
@@ -76,13 +76,21 @@ def test_gemm_programs_try_cutlass_and_step_back_from_it() -> None:
     broken = verdict(compiled=False, reason="build failed")
     broken.build.ok = False
     broken.build.error = "cutlass_gemm.cu(40): error: no instance of constructor"
-    assert next_variants(cutlass.as_map(), broken, cuda=True, count=1)[0][0] == own
-    assert next_variants(hopper.as_map(), broken, cuda=True, count=1)[0][0] == cutlass
+    gemms = {"features": "gemm"}
+    assert next_variants({**cutlass.as_map(), **gemms}, broken, cuda=True, count=1)[0][0] == own
+    assert next_variants({**hopper.as_map(), **gemms}, broken, cuda=True, count=1)[0][0] == cutlass
+    # A program with convolutions steps back from Hopper's convolution first (the GEMM's stays).
+    both = {"features": "gemm,conv"}
+    assert next_variants({**hopper.as_map(), **both}, broken, cuda=True, count=1)[0][0] == hopper.with_(
+        conv_kernel="own"
+    )
     wrong = verdict(compiled=True, correct=False, reason="mismatch")
     wrong.correctness.max_rel_l2 = 3e-3
     wrong.correctness.tolerance = 1e-5
-    assert next_variants(cutlass.as_map(), wrong, cuda=True, count=1)[0][0] == own
-    assert next_variants(hopper.as_map(), wrong, cuda=True, count=1)[0][0] == cutlass
+    assert next_variants({**cutlass.as_map(), **gemms}, wrong, cuda=True, count=1)[0][0] == own
+    assert next_variants({**hopper.as_map(), **gemms}, wrong, cuda=True, count=1)[0][0] == cutlass
+    convs = {"features": "conv"}
+    assert next_variants({**hopper.as_map(), **convs}, wrong, cuda=True, count=1)[0][0].conv_kernel == "own"
     # A library program's GEMMs are cuBLAS's: the knob changes nothing there, so it is never proposed.
     assert all(
         p.gemm_kernel == "cutlass_sm90"

@@ -1,0 +1,209 @@
+"""Hopper's convolution (variant conv_kernel=cutlass_sm90, cutlass_conv.py) around CUTLASS's kernel: the split
+passes and the store, their CUDA text run on the CPU (a thread per CUDA thread, tests/unit/coder's WMMA-free
+emulation), with CUTLASS's convolution stood in for by a float64 one over the same split, channels-last
+operands. No GPU here, so this is where the layout is checked: the input as [hi | hi | lo] and the weight as
+[hi | lo | hi] along padded channels, output channels padded and dropped again, the bias and an epilogue in the
+store, 1-3 spatial dims, strides, padding and dilation; that the sum is 3xTF32-accurate (and plain TF32 is
+not); and that the program carries the unit only where the variant asks for it. tests/gpu/test_synth_gpu.py
+runs the whole path on a Hopper device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.nn import functional
+
+from stitchcuda.coder.synth import convolution, cutlass_conv, cutlass_gemm
+from stitchcuda.coder.synth.synthesizer import Synthesizer
+from stitchcuda.coder.synth.variants import Variant
+from stitchcuda.shared.policy import STRICT, KernelPolicy
+from tests.unit.coder.test_coder_conv_igemm import load_emulated
+
+ON_CPU = r"""
+__PRELUDE__
+static thread_local StitchDim3 gridDim;
+static inline uint32_t __float_as_uint(float v) { uint32_t u; std::memcpy(&u, &v, 4); return u; }
+static inline float __uint_as_float(uint32_t u) { float v; std::memcpy(&v, &u, 4); return v; }
+using std::isfinite;
+__TF32__
+__SPLIT__
+// A program's epilogue as the store sees it: tanh(v) / 2 plus the flat index / 1000.
+struct StitchTestEpi {
+  bool on;
+  float operator()(float v, int64_t i) const { return on ? std::tanh(v) * 0.5f + i * 1e-3f : v; }
+};
+__STORE__
+// Runs `kernel` over a grid of (bx, by) blocks of 256 threads, each CUDA thread a thread here.
+template <typename F>
+static void stitch_grid(unsigned bx, unsigned by, F kernel) {
+  pthread_barrier_init(&stitch_barrier, nullptr, 256);
+  for (unsigned y = 0; y < by; ++y)
+    for (unsigned x = 0; x < bx; ++x) {
+      std::vector<std::thread> block;
+      for (unsigned t = 0; t < 256; ++t)
+        block.emplace_back([=] {
+          blockIdx = {x, y, 0};
+          threadIdx = {t, 0, 0};
+          gridDim = {bx, by, 1};
+          kernel();
+        });
+      for (std::thread& th : block) th.join();
+    }
+  pthread_barrier_destroy(&stitch_barrier);
+}
+
+// which 0: the input [N, C, S] split as [N, S, Cp]; 1: the weight [CO, C, T] as [COp, T, Cp]; 2: the
+// channels-last [N, S, COp] stored as [N, CO, S] with bias and (epi) the epilogue.
+at::Tensor stitch_conv_layout(int64_t which, const at::Tensor& t, int64_t channels, int64_t padded,
+                              const c10::optional<at::Tensor>& bias, bool epi) {
+  const float* src = t.data_ptr<float>();
+  if (which == 0) {
+    const int64_t N = t.size(0), C = t.size(1), S = t.size(2), Cp = padded;
+    at::Tensor out = at::full({N, S, Cp}, NAN, t.options());
+    float* dst = out.data_ptr<float>();
+    const int64_t tiles_s = (S + 31) / 32, tiles = ((C + 31) / 32) * tiles_s;
+    stitch_grid(tiles, N, [=] { stitch_conv_split_input(src, C, S, Cp, tiles_s, dst); });
+    return out;
+  }
+  if (which == 1) {
+    const int64_t CO = t.size(0), C = t.size(1), T = t.size(2), COp = channels, Cp = padded;
+    at::Tensor out = at::full({COp, T, Cp}, NAN, t.options());
+    float* dst = out.data_ptr<float>();
+    stitch_grid(2, 1, [=] { stitch_conv_split_weight(src, CO, C, T, COp, Cp, dst); });
+    return out;
+  }
+  const int64_t N = t.size(0), S = t.size(1), COp = t.size(2), CO = channels;
+  at::Tensor y = at::full({N, CO, S}, NAN, t.options());
+  float* dst = y.data_ptr<float>();
+  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  const int64_t tiles_s = (S + 31) / 32, tiles = ((CO + 31) / 32) * tiles_s;
+  stitch_grid(tiles, N, [=] { stitch_conv_tc_store(src, S, CO, COp, tiles_s, b, dst, StitchTestEpi{epi}); });
+  return y;
+}
+"""
+
+
+def _between(text: str, start: str, end: str | None = None) -> str:
+    begin = text.index(start)
+    return text[begin : text.index(end, begin)] if end else text[begin:]
+
+
+@pytest.fixture(scope="module")
+def ext(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    source = (
+        ON_CPU.replace("__TF32__", _between(cutlass_gemm.SM90_COMMON, "// TF32 rounding of a float"))
+        .replace("__SPLIT__", _between(cutlass_conv.SOURCE, "// The input [N, C, S]"))
+        .replace(
+            "__STORE__",
+            _between(
+                convolution.CUDA_SM90, "// The channels-last scratch", "// The fraction of a tensor-core"
+            ),
+        )
+        .replace("__device__ __forceinline__", "inline")
+    )
+    return load_emulated(
+        "stitch_cutlass_conv_layout_on_cpu", source, "stitch_conv_layout", tmp_path_factory.mktemp("layout")
+    )
+
+
+def _tf32(v: torch.Tensor) -> torch.Tensor:
+    """TF32 rounding (to nearest, ties away), as the kernels round."""
+    bits = v.view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+# (x shape, weight shape, stride, padding, dilation, bias)
+GEOMETRIES = [
+    ((2, 5, 9, 11), (7, 5, 3, 3), (1, 1), (1, 1), (1, 1), True),  # 3C = 15 -> 16, CO = 7 -> 8
+    ((1, 40, 6, 7), (33, 40, 3, 2), (2, 1), (1, 0), (1, 2), False),  # channels past one 32-wide tile
+    ((2, 4, 5, 6, 7), (12, 4, 3, 2, 3), (1, 2, 1), (1, 0, 2), (2, 1, 1), True),  # 3-D, C = 4 -> 12
+    ((3, 6, 50), (9, 6, 4), (3,), (2,), (1,), True),  # 1-D
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=lambda g: f"{len(g[0]) - 2}d-c{g[0][1]}-co{g[1][0]}")
+@pytest.mark.parametrize("epi", [False, True])
+def test_split_convolution_and_store_match_torch(ext: Any, geometry: tuple[Any, ...], epi: bool) -> None:
+    x_shape, w_shape, stride, padding, dilation, with_bias = geometry
+    torch.manual_seed(len(x_shape) * 10 + w_shape[0])
+    x, w = torch.randn(x_shape), torch.randn(w_shape)
+    bias = torch.randn(w_shape[0]) if with_bias else None
+    n, c, *spatial = x_shape
+    co, _, *kernel = w_shape
+    cp, cop = (3 * c + 3) // 4 * 4, (co + 3) // 4 * 4
+
+    xs = ext.stitch_conv_layout(0, x.reshape(n, c, -1), 0, cp, None, False)
+    ws = ext.stitch_conv_layout(1, w.reshape(co, c, -1), cop, cp, None, False)
+    # Every element written: hi, hi, lo of each channel, zeros past 3C; the weight hi, lo, hi, zero rows past CO.
+    assert not xs.isnan().any() and not ws.isnan().any()
+    xt = x.reshape(n, c, -1).transpose(1, 2)
+    hi, lo = _tf32(xt), _tf32(xt - _tf32(xt))
+    assert torch.equal(xs[..., :c], hi) and torch.equal(xs[..., c : 2 * c], hi)
+    assert torch.equal(xs[..., 2 * c : 3 * c], lo) and not xs[..., 3 * c :].any()
+    assert not ws[co:].any() and not ws[:, :, 3 * c :].any()
+
+    # CUTLASS's convolution over the split operands (channels-last, KTRSC weight), stood in for in float64.
+    conv = {1: functional.conv1d, 2: functional.conv2d, 3: functional.conv3d}[len(spatial)]
+    xs_nc = xs.reshape(n, *spatial, cp).movedim(-1, 1).double()
+    ws_nc = ws.reshape(cop, *kernel, cp).movedim(-1, 1).double()
+    d = conv(xs_nc, ws_nc, stride=stride, padding=padding, dilation=dilation).float()
+    out_spatial = d.shape[2:]
+    d_last = d.movedim(1, -1).reshape(n, -1, cop).contiguous()
+    y = ext.stitch_conv_layout(2, d_last, co, 0, bias, epi).reshape(n, co, *out_spatial)
+
+    want = conv(
+        x.double(), w.double(), bias.double() if bias is not None else None, stride, padding, dilation
+    )
+    if epi:
+        flat = torch.arange(want.numel(), dtype=torch.float64).reshape(want.shape)
+        want = torch.tanh(want) * 0.5 + flat * 1e-3
+    assert not y.isnan().any()
+    rel = ((y.double() - want).norm() / want.norm()).item()
+    assert rel < 2e-6, f"3xTF32 relative L2 {rel:.2e}"
+    # The low parts matter: TF32 alone (hi x hi) misses the same tolerance by far.
+    if not epi:
+        plain = conv(
+            _tf32(x).double(),
+            _tf32(w).double(),
+            bias.double() if bias is not None else None,
+            stride,
+            padding,
+            dilation,
+        )
+        assert ((plain - want).norm() / want.norm()).item() > 2e-5
+
+
+CONV = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(16, 32, 3)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+def get_inputs():
+    return [torch.randn(2, 16, 12, 12)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_the_unit_is_in_the_program_only_where_the_variant_asks() -> None:
+    synth = Synthesizer()
+    strict = KernelPolicy(STRICT)
+    on = synth.synthesize(CONV, None, variant=Variant(), device="cuda", policy=strict)
+    off = synth.synthesize(CONV, None, variant=Variant(conv_kernel="own"), device="cuda", policy=strict)
+    assert cutlass_conv.FILE in on.files and cutlass_conv.FILE in on.build.sources
+    assert "stitch_cutlass_conv(x, w, d, geom, cop)" in on.files["kernels.cu"]
+    assert "-gencode=arch=compute_90a,code=sm_90a" in on.build.cuda_cflags
+    # The unit names no program (the Verifier's builds share its object).
+    assert on.build.extension_name not in on.files[cutlass_conv.FILE]
+    assert cutlass_conv.FILE not in off.files and "stitch_cutlass_conv" not in off.files["kernels.cu"]
