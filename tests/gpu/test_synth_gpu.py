@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -200,23 +201,29 @@ def test_sm90_gemm_runs_wgmma_on_hopper(synth: Synthesizer) -> None:
         pytest.skip("needs compute capability 9.0 (H100/H200)")
     synthesis = build_source(synth, SM90_SHAPES, Variant(gemm="custom", gemm_kernel="cutlass_sm90"))
     compare(SM90_SHAPES, synthesis.files["model_new.py"])
-    mn: dict[str, object] = {"__name__": "model_new"}
-    exec(compile(synthesis.files["model_new.py"], "model_new.py", "exec"), mn)
-    model = mn["ModelNew"]().cuda()  # type: ignore[operator]
     inputs = [torch.randn(37, 29, device="cuda"), torch.randn(4, 65, 96, device="cuda")]
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        model(*inputs)
-        torch.cuda.synchronize()
-    kernels = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+    kernels = set(own_kernels_launched(synthesis, inputs))
     assert any("stitch_tf32x3_split" in n for n in kernels), sorted(kernels)
     assert any("GemmUniversal" in n for n in kernels), sorted(kernels)
     assert any("stitch_sm90_unpad" in n for n in kernels), "N = 61 ran on the Hopper GEMM, padded"
-    # The Verifier counts none of them as a library's (D6), CUTLASS's instantiation (named mangled) included.
+
+
+def own_kernels_launched(synthesis: Any, inputs: list[Any]) -> list[str]:
+    """The names of the kernels one call of the built program launches, after checking that the Verifier
+    counts none of them as a library's (D6), CUTLASS's instantiations (named mangled) included."""
+    mn: dict[str, object] = {"__name__": "model_new"}
+    exec(compile(synthesis.files["model_new.py"], "model_new.py", "exec"), mn)
+    model = mn["ModelNew"]().cuda()  # type: ignore[operator]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        model(*inputs)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     symbols = accounting.global_symbols(dict(synthesis.files))
     library = [
         n for n in kernels if accounting.GPU_LIBRARY.search(n) and not accounting._defined_by(n, symbols)
     ]
-    assert library == [], sorted(kernels)
+    assert library == [], sorted(set(kernels))
+    return kernels
 
 
 SM90_CONV = """
@@ -256,25 +263,13 @@ def test_sm90_conv_runs_wgmma_on_hopper(synth: Synthesizer) -> None:
         pytest.skip("needs compute capability 9.0 (H100/H200)")
     synthesis = build_source(synth, SM90_CONV, Variant(gemm="custom", conv_kernel="cutlass_sm90"))
     compare(SM90_CONV, synthesis.files["model_new.py"])
-    mn: dict[str, object] = {"__name__": "model_new"}
-    exec(compile(synthesis.files["model_new.py"], "model_new.py", "exec"), mn)
-    model = mn["ModelNew"]().cuda()  # type: ignore[operator]
-    torch.manual_seed(0)
     ns: dict[str, object] = {}
     exec(compile(SM90_CONV, "reference.py", "exec"), ns)
-    inputs = [x.cuda() for x in ns["get_inputs"]()]  # type: ignore[operator]
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        model(*inputs)
-        torch.cuda.synchronize()
-    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    torch.manual_seed(0)
+    kernels = own_kernels_launched(synthesis, [x.cuda() for x in ns["get_inputs"]()])  # type: ignore[operator]
     assert sum("stitch_conv_split_input" in n for n in kernels) == 4, sorted(set(kernels))
     assert sum("stitch_conv_tc_store" in n for n in kernels) == 4, sorted(set(kernels))
     assert sum("ConvUniversal" in n or "conv6kernel" in n for n in kernels) == 4, sorted(set(kernels))
-    symbols = accounting.global_symbols(dict(synthesis.files))
-    library = [
-        n for n in kernels if accounting.GPU_LIBRARY.search(n) and not accounting._defined_by(n, symbols)
-    ]
-    assert library == [], sorted(set(kernels))
 
 
 SM90_PANELS = """
