@@ -235,16 +235,20 @@ class Model(nn.Module):
         super().__init__()
         # Hopper's convolution: channels 64 -> 96 (tiles 3/4 full), 3-D strided, a dilated 5x5 over 6 input
         # channels (split channels padded to 20), 61 output channels (padded to 64, stored unpadded); the
-        # last one too shallow for it (27 products an output element: the own kernels).
+        # last one too shallow for it (27 products an output element: the own kernels). A transposed one of
+        # stride 1 (the flipped kernel's direct convolution) too; a strided one stays with the own kernels.
         self.a = nn.Conv2d(64, 96, 3, padding=1)
         self.b = nn.Conv3d(16, 64, 3, stride=2, padding=1)
         self.c = nn.Conv2d(6, 128, 5, stride=2, padding=2, dilation=2)
         self.d = nn.Conv2d(32, 61, 3, padding=1, bias=False)
         self.e = nn.Conv2d(3, 8, 3)
+        self.f = nn.ConvTranspose2d(64, 48, 3, padding=1)
+        self.g = nn.ConvTranspose2d(64, 32, 2, stride=2)
 
     def forward(self, x, v, u, t):
         return torch.cat([torch.relu(self.a(x)).flatten(), torch.tanh(self.b(v)).flatten(),
-                          self.c(u).flatten(), self.d(t).flatten(), self.e(t[:, :3]).flatten()])
+                          self.c(u).flatten(), self.d(t).flatten(), self.e(t[:, :3]).flatten(),
+                          self.f(x).flatten(), self.g(x).flatten()])
 
 def get_inputs():
     return [torch.randn(8, 64, 64, 64), torch.randn(4, 16, 32, 64, 64), torch.randn(32, 6, 128, 128),
@@ -267,9 +271,9 @@ def test_sm90_conv_runs_wgmma_on_hopper(synth: Synthesizer) -> None:
     exec(compile(SM90_CONV, "reference.py", "exec"), ns)
     torch.manual_seed(0)
     kernels = own_kernels_launched(synthesis, [x.cuda() for x in ns["get_inputs"]()])  # type: ignore[operator]
-    assert sum("stitch_conv_split_input" in n for n in kernels) == 4, sorted(set(kernels))
-    assert sum("stitch_conv_tc_store" in n for n in kernels) == 4, sorted(set(kernels))
-    assert sum("ConvUniversal" in n or "conv6kernel" in n for n in kernels) == 4, sorted(set(kernels))
+    assert sum("stitch_conv_split_input" in n for n in kernels) == 5, sorted(set(kernels))
+    assert sum("stitch_conv_tc_store" in n for n in kernels) == 5, sorted(set(kernels))
+    assert sum("ConvUniversal" in n or "conv6kernel" in n for n in kernels) == 5, sorted(set(kernels))
 
 
 SM90_PANELS = """

@@ -632,9 +632,7 @@ static void stitch_conv_with(const float* x, const float* w, const float* bias, 
     if (stitch_conv_dw(x, w, bias, y, g, epi)) return;
   }
 #ifdef STITCH_CONV_SM90
-  if constexpr (!kT) {
-    if (stitch_conv_tc_sm90(x, w, bias, y, geom, g, epi)) return;
-  }
+  if (stitch_conv_tc_sm90(x, w, bias, y, geom, g, kT, epi)) return;
 #endif
   if (stitch_conv_igemm<kT>(x, w, bias, y, g, epi)) return;
   // Four output channels a thread where a group's channels split evenly (always, for the usual widths).
@@ -683,13 +681,15 @@ static double stitch_conv_tc_fill(const ConvGeom& g) {
          static_cast<double>((cop + 127) / 128 * 128);
 }
 
-// A direct convolution through CUTLASS's Hopper kernel where it pays for its split and store passes (three
-// more launches and about 12 bytes an output element): at least 2^28 products, at least 128 products an
-// output element (input channels x taps; measured on an H100, 144 gained 1.2x over the own kernels and 576
-// 2x), tiles at least 30 % filled. false: not taken (nothing written), the own kernels run.
+// A convolution through CUTLASS's Hopper kernel where it pays for its split and store passes (three more
+// launches and about 12 bytes an output element): at least 2^28 products, at least 128 products an output
+// element (input channels x taps; measured on an H100, 144 gained 1.2x over the own kernels and 576 2x),
+// tiles at least 30 % filled. A transposed convolution of stride 1 is the direct one of the flipped kernel
+// (stitch_cutlass_conv); a strided one stays with the own kernels' output phases. false: not taken (nothing
+// written), the own kernels run.
 template <typename Epi>
 static bool stitch_conv_tc_sm90(const float* x, const float* w, const float* bias, float* y,
-                                const int64_t* geom, const ConvGeom& g, const Epi& epi) {
+                                const int64_t* geom, const ConvGeom& g, bool transposed, const Epi& epi) {
   const int64_t taps = g.k[0] * g.k[1] * g.k[2], S = g.out[0] * g.out[1] * g.out[2];
   const double products =
       static_cast<double>(g.n * S) * static_cast<double>(g.co) * static_cast<double>(g.c * taps);
@@ -700,7 +700,7 @@ static bool stitch_conv_tc_sm90(const float* x, const float* w, const float* bia
   cudaStream_t stream = stitch::current_stream();
   stitch::Scratch staged(static_cast<size_t>(g.n * S * cop) * sizeof(float), stream);
   float* d = static_cast<float*>(staged.ptr);
-  if (!stitch_cutlass_conv(x, w, d, geom, cop)) return false;
+  if (!stitch_cutlass_conv(x, w, d, geom, cop, transposed)) return false;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(g.n));
   stitch_conv_tc_store<Epi><<<grid, 256, 0, stream>>>(d, S, g.co, cop, tiles_s, bias, y, epi);
   STITCH_LAUNCH_CHECK();

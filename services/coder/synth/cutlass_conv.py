@@ -25,7 +25,10 @@ from stitchcuda.coder.synth import cutlass_gemm
 FILE = "cutlass_conv.cu"
 
 # The host-side entry point kernels.cu calls (declared there, defined in cutlass_gemm.cu).
-_PARAMS = "const float* x, const float* w, float* out, const int64_t* geom, int64_t out_channels_padded"
+_PARAMS = (
+    "const float* x, const float* w, float* out, const int64_t* geom, int64_t out_channels_padded, "
+    "bool transposed"
+)
 DECLARATION = f'__attribute__((visibility("hidden"))) bool stitch_cutlass_conv({_PARAMS});'
 
 HEADERS = [
@@ -101,10 +104,12 @@ __global__ void __launch_bounds__(256)
 }
 
 // The weight [CO, C, T] (T the taps) as [COp, T, Cp]: per output channel and tap hi | lo | hi of its C input
-// channels, zeros to Cp; output channels past CO all zeros. Small: one thread an element of the output.
+// channels, zeros to Cp; output channels past CO all zeros. transposed: the weight of a transposed
+// convolution, [C, CO, T], read with its taps reversed (the direct convolution it equals at stride 1). Small:
+// one thread an element of the output.
 __global__ void __launch_bounds__(256)
     stitch_conv_split_weight(const float* __restrict__ w, int64_t CO, int64_t C, int64_t T, int64_t COp,
-                             int64_t Cp, float* __restrict__ out) {
+                             int64_t Cp, bool transposed, float* __restrict__ out) {
   const int64_t total = COp * T * Cp;
   for (int64_t i = blockIdx.x * 256LL + threadIdx.x; i < total; i += static_cast<int64_t>(gridDim.x) * 256) {
     const int64_t cp = i % Cp, t = (i / Cp) % T, co = i / (Cp * T);
@@ -112,7 +117,7 @@ __global__ void __launch_bounds__(256)
     if (co < CO && cp < 3 * C) {
       const int64_t part = cp / C, c = cp - part * C;
       float hi, lo;
-      stitch_tf32_pair(w[(co * C + c) * T + t], hi, lo);
+      stitch_tf32_pair(transposed ? w[(c * CO + co) * T + (T - 1 - t)] : w[(co * C + c) * T + t], hi, lo);
       v = part == 1 ? lo : hi;
     }
     out[i] = v;
@@ -124,8 +129,10 @@ __global__ void __launch_bounds__(256)
 ENTRY = r"""
 // The direct convolution of geom (convolution.py's ConvGeom fields) of x [N, C, D, H, W] by w [CO, C, taps],
 // into out [N, OD, OH, OW, COp] channels-last (COp: CO padded to a multiple of 4, its extra channels zero),
-// on Hopper's tensor cores in float32-class accuracy. false: not this device, or a convolution this kernel
-// does not take (grouped, too deep, or refused by CUTLASS); out not written.
+// on Hopper's tensor cores in float32-class accuracy. transposed: the transposed convolution of geom by w
+// [C, CO, taps], where every stride is 1: the direct convolution by the flipped kernel with dil (k - 1) - pad
+// zeros before each dim. false: not this device, or a convolution this kernel does not take (grouped,
+// strided transposed, too deep, or refused by CUTLASS); out not written.
 __HIDDEN__ bool stitch_cutlass_conv(__PARAMS__) {
   const int64_t N = geom[0], C = geom[1], CO = geom[2], groups = geom[3];
   const int64_t COp = out_channels_padded, Cp = (3 * C + 3) / 4 * 4;
@@ -141,6 +148,11 @@ __HIDDEN__ bool stitch_cutlass_conv(__PARAMS__) {
     OS *= out_sz[j];
     T *= k[j];
   }
+  if (transposed)
+    for (int j = 0; j < 3; ++j) {
+      if (stride[j] != 1 || dil[j] * (k[j] - 1) < pad[j]) return false;
+      pad[j] = dil[j] * (k[j] - 1) - pad[j];
+    }
   const int64_t limit = int64_t{1} << 31;
   if (groups != 1 || COp % 4 != 0 || COp < CO || Cp * T > kStitchConvMaxDepth || N * S * Cp >= limit ||
       N * OS * COp >= limit || N * OS == 0)
@@ -180,8 +192,8 @@ __HIDDEN__ bool stitch_cutlass_conv(__PARAMS__) {
       x, C, S, Cp, tiles_s, static_cast<float*>(xs.ptr));
   STITCH_LAUNCH_CHECK();
   const int64_t wblocks = std::min<int64_t>((COp * T * Cp + 255) / 256, int64_t{1} << 16);
-  stitch_conv_split_weight<<<static_cast<unsigned>(wblocks), 256, 0, stream>>>(w, CO, C, T, COp, Cp,
-                                                                             static_cast<float*>(ws.ptr));
+  stitch_conv_split_weight<<<static_cast<unsigned>(wblocks), 256, 0, stream>>>(
+      w, CO, C, T, COp, Cp, transposed, static_cast<float*>(ws.ptr));
   STITCH_LAUNCH_CHECK();
   const size_t bytes = StitchConv::get_workspace_size(args);
   stitch::Scratch workspace(bytes > 0 ? bytes : 1, stream);

@@ -54,8 +54,9 @@ static void stitch_grid(unsigned bx, unsigned by, F kernel) {
   pthread_barrier_destroy(&stitch_barrier);
 }
 
-// which 0: the input [N, C, S] split as [N, S, Cp]; 1: the weight [CO, C, T] as [COp, T, Cp]; 2: the
-// channels-last [N, S, COp] stored as [N, CO, S] with bias and (epi) the epilogue.
+// which 0: the input [N, C, S] split as [N, S, Cp]; 1: the weight [CO, C, T] as [COp, T, Cp] (3: a transposed
+// convolution's [C, CO, T], taps reversed); 2: the channels-last [N, S, COp] stored as [N, CO, S] with bias
+// and (epi) the epilogue.
 at::Tensor stitch_conv_layout(int64_t which, const at::Tensor& t, int64_t channels, int64_t padded,
                               const c10::optional<at::Tensor>& bias, bool epi) {
   const float* src = t.data_ptr<float>();
@@ -67,11 +68,13 @@ at::Tensor stitch_conv_layout(int64_t which, const at::Tensor& t, int64_t channe
     stitch_grid(tiles, N, [=] { stitch_conv_split_input(src, C, S, Cp, tiles_s, dst); });
     return out;
   }
-  if (which == 1) {
-    const int64_t CO = t.size(0), C = t.size(1), T = t.size(2), COp = channels, Cp = padded;
+  if (which == 1 || which == 3) {
+    const bool transposed = which == 3;
+    const int64_t CO = t.size(transposed ? 1 : 0), C = t.size(transposed ? 0 : 1), T = t.size(2);
+    const int64_t COp = channels, Cp = padded;
     at::Tensor out = at::full({COp, T, Cp}, NAN, t.options());
     float* dst = out.data_ptr<float>();
-    stitch_grid(2, 1, [=] { stitch_conv_split_weight(src, CO, C, T, COp, Cp, dst); });
+    stitch_grid(2, 1, [=] { stitch_conv_split_weight(src, CO, C, T, COp, Cp, transposed, dst); });
     return out;
   }
   const int64_t N = t.size(0), S = t.size(1), COp = t.size(2), CO = channels;
@@ -176,6 +179,53 @@ def test_split_convolution_and_store_match_torch(ext: Any, geometry: tuple[Any, 
         assert ((plain - want).norm() / want.norm()).item() > 2e-5
 
 
+# Transposed, stride 1: (x shape, weight shape [C, CO, taps...], padding, output padding, dilation, bias).
+TRANSPOSED = [
+    ((2, 6, 7, 9), (6, 10, 3, 3), (1, 1), (0, 0), (1, 1), True),
+    ((1, 5, 4, 5, 6), (5, 7, 2, 3, 2), (0, 1, 1), (1, 0, 0), (2, 1, 1), False),  # 3-D, output padding
+    ((3, 9, 20), (9, 4, 5), (2,), (0,), (3,), True),  # 1-D, dilated
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("geometry", TRANSPOSED, ids=lambda g: f"{len(g[0]) - 2}d-c{g[0][1]}")
+def test_stride_one_transposed_convolution_is_the_flipped_direct_one(
+    ext: Any, geometry: tuple[Any, ...]
+) -> None:
+    """A transposed convolution of stride 1 goes through the same kernel as the direct convolution of its
+    weight with the taps reversed, input and output channels swapped, and dil (k - 1) - pad zeros before each
+    dim (dil (k - 1) - pad + output padding after): the split weight of stitch_cutlass_conv's `transposed`."""
+    x_shape, w_shape, padding, out_pad, dilation, with_bias = geometry
+    torch.manual_seed(len(x_shape) * 10 + w_shape[1])
+    x, w = torch.randn(x_shape), torch.randn(w_shape)
+    bias = torch.randn(w_shape[1]) if with_bias else None
+    n, c, *spatial = x_shape
+    _, co, *kernel = w_shape
+    cp, cop = (3 * c + 3) // 4 * 4, (co + 3) // 4 * 4
+    xs = ext.stitch_conv_layout(0, x.reshape(n, c, -1), 0, cp, None, False)
+    ws = ext.stitch_conv_layout(3, w.reshape(c, co, -1), cop, cp, None, False)
+    assert not ws.isnan().any() and not ws[co:].any()
+    conv = {1: functional.conv1d, 2: functional.conv2d, 3: functional.conv3d}[len(spatial)]
+    pads: list[int] = []
+    for k, p, op, d in reversed(list(zip(kernel, padding, out_pad, dilation, strict=True))):
+        pads += [d * (k - 1) - p, d * (k - 1) - p + op]
+    xs_nc = functional.pad(xs.reshape(n, *spatial, cp).movedim(-1, 1).double(), pads)
+    d = conv(xs_nc, ws.reshape(cop, *kernel, cp).movedim(-1, 1).double(), dilation=dilation).float()
+    out_spatial = d.shape[2:]
+    y = ext.stitch_conv_layout(2, d.movedim(1, -1).reshape(n, -1, cop).contiguous(), co, 0, bias, False)
+    transpose = {
+        1: functional.conv_transpose1d,
+        2: functional.conv_transpose2d,
+        3: functional.conv_transpose3d,
+    }
+    want = transpose[len(spatial)](
+        x.double(), w.double(), bias.double() if bias is not None else None, 1, padding, out_pad, 1, dilation
+    )
+    assert tuple(want.shape[2:]) == tuple(out_spatial)
+    rel = ((y.reshape(want.shape).double() - want).norm() / want.norm()).item()
+    assert rel < 2e-6, f"3xTF32 relative L2 {rel:.2e}"
+
+
 CONV = """
 import torch
 import torch.nn as nn
@@ -202,7 +252,7 @@ def test_the_unit_is_in_the_program_only_where_the_variant_asks() -> None:
     on = synth.synthesize(CONV, None, variant=Variant(), device="cuda", policy=strict)
     off = synth.synthesize(CONV, None, variant=Variant(conv_kernel="own"), device="cuda", policy=strict)
     assert cutlass_conv.FILE in on.files and cutlass_conv.FILE in on.build.sources
-    assert "stitch_cutlass_conv(x, w, d, geom, cop)" in on.files["kernels.cu"]
+    assert "stitch_cutlass_conv(x, w, d, geom, cop, transposed)" in on.files["kernels.cu"]
     assert "-gencode=arch=compute_90a,code=sm_90a" in on.build.cuda_cflags
     # The unit names no program (the Verifier's builds share its object).
     assert on.build.extension_name not in on.files[cutlass_conv.FILE]
