@@ -699,6 +699,7 @@ static bool stitch_conv_tc_sm90(const float* x, const float* w, const float* bia
       static_cast<double>(g.n * S) * static_cast<double>(g.co) * static_cast<double>(g.c * taps);
   if (g.groups != 1 || products < 268435456.0 || g.c * taps < 128 || stitch_conv_tc_fill(g) < 0.3)
     return false;
+  if (transposed && (g.stride[0] != 1 || g.stride[1] != 1 || g.stride[2] != 1)) return false;
   const int64_t cop = (g.co + 3) / 4 * 4, tiles_s = (S + 31) / 32, tiles = ((g.co + 31) / 32) * tiles_s;
   if (tiles >= (int64_t{1} << 31)) return false;
   // A few images at a time: the split input and the channels-last output of one batch of images stay
