@@ -9,17 +9,21 @@ runs the whole path on a Hopper device."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from test_coder_conv_igemm import load_emulated
+from test_coder_cuda_build import NVCC, nvcc_command
 from torch.nn import functional
 
 from stitchcuda.coder.synth import convolution, cutlass_conv, cutlass_gemm
 from stitchcuda.coder.synth.synthesizer import Synthesizer
 from stitchcuda.coder.synth.variants import Variant
+from stitchcuda.shared import cutlass
 from stitchcuda.shared.policy import STRICT, KernelPolicy
-from tests.unit.coder.test_coder_conv_igemm import load_emulated
 
 ON_CPU = r"""
 __PRELUDE__
@@ -267,3 +271,25 @@ def test_the_unit_is_in_the_program_only_where_the_variant_asks() -> None:
     # The unit names no program (the Verifier's builds share its object).
     assert on.build.extension_name not in on.files[cutlass_conv.FILE]
     assert cutlass_conv.FILE not in off.files and "stitch_cutlass_conv" not in off.files["kernels.cu"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.skipif(cutlass.include_dir() is None, reason="the nvidia-cutlass package is not installed")
+def test_the_unit_compiles_for_sm90a_without_serialized_wgmma(tmp_path: Path) -> None:
+    """The instantiation of CUTLASS's Hopper convolution compiles (no GPU here to run it) with the flags the
+    program carries, and no call inside its mainloop serializes the wgmma pipeline (ptxas's C7510)."""
+    synthesis = Synthesizer(in_process=True).synthesize(
+        CONV, None, variant=Variant(), device="cuda", policy=KernelPolicy(STRICT)
+    )
+    for name, text in synthesis.files.items():
+        (tmp_path / name).write_text(text)
+    unit = tmp_path / cutlass_conv.FILE
+    command = [
+        *nvcc_command(unit, tmp_path / "unit.o"),
+        *cutlass.build_flags([unit.read_text()]),
+        *cutlass_gemm.SM90_CUDA_CFLAGS,
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "C7510" not in done.stdout + done.stderr
