@@ -139,9 +139,10 @@ def synth() -> Synthesizer:
 @pytest.mark.parametrize("name", list(PROBLEMS))
 @pytest.mark.parametrize("mma", ["simt", "tf32x3"])
 def test_own_convolution_and_einsum_kernels_match(synth: Synthesizer, name: str, mma: str) -> None:
-    """The default program (SIMT float32 products since stop 35) and the 3xTF32 tensor-core kernels."""
+    """The own kernels (conv_kernel=own; Hopper's convolution is test_synth_gpu's) on SIMT float32 products
+    (the default since stop 35) and on the 3xTF32 tensor-core kernels."""
     source = PROBLEMS[name]
-    synthesis = build_source(synth, source, Variant(mma=mma))
+    synthesis = build_source(synth, source, Variant(mma=mma, conv_kernel="own"))
     host = synthesis.files["forward.cpp"]
     assert any(
         f"stitch_{call}" in host
@@ -157,6 +158,8 @@ def test_epilogues_inside_the_store_match(synth: Synthesizer, name: str, mma: st
     """The variant epilogue=fused (the optimize skill tries it; the default since stop 35 is a kernel of its
     own): the pointwise kernel applied in the own convolution's or GEMM's store, on SIMT and tensor cores."""
     source = PROBLEMS[name]
-    synthesis = build_source(synth, source, Variant(epilogue="fused", gemm_kernel="own", mma=mma))
+    synthesis = build_source(
+        synth, source, Variant(epilogue="fused", gemm_kernel="own", conv_kernel="own", mma=mma)
+    )
     assert "_prepare(" in synthesis.files["forward.cpp"].split(" forward(")[-1]
     compare(source, synthesis.files["model_new.py"])
