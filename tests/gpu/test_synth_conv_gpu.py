@@ -113,6 +113,20 @@ PROBLEMS = {
         "[torch.randn(2, 32, 7, 9, 11)]",
         forward="torch.clamp(torch.sigmoid(self.layer(x)) - 0.25, min=0.0, max=0.5)",
     ),
+    # Hopper's convolution (the default conv_kernel; at least 2^28 products, 128 an output element), its
+    # store applying the fused epilogue at the element's index in the whole output: several batches of
+    # images (10.6 MB of scratch an image, split input and channels-last output: 50 in 512 MiB, 4 batches).
+    "conv2d_hopper_epilogue_residual_batches": problem(
+        "nn.Conv2d(64, 96, 3, padding=1)",
+        "[torch.randn(160, 64, 96, 96), torch.randn(160, 96, 96, 96), torch.randn(96, 1, 1)]",
+        forward="torch.nn.functional.gelu(self.layer(x) * s) + r",
+        args="x, r, s",
+    ),
+    "conv_transpose2d_hopper_stride_one": problem(
+        "nn.ConvTranspose2d(64, 64, 3, padding=1)",
+        "[torch.randn(16, 64, 64, 64)]",
+        forward="torch.sigmoid(self.layer(x))",
+    ),
     "linear_epilogue_large_tiles": problem(
         "nn.Linear(512, 2048)",
         "[torch.randn(4, 1024, 512), torch.randn(2048)]",
@@ -149,6 +163,18 @@ def test_own_convolution_and_einsum_kernels_match(synth: Synthesizer, name: str,
         for call in ("conv(", "conv_prepare(", "einsum_gemm(", "linear(", "linear_prepare(")
     )
     assert "at::conv" not in host and "at::einsum" not in host and "at::linear" not in host
+    compare(source, synthesis.files["model_new.py"])
+
+
+@pytest.mark.parametrize("name", [name for name in PROBLEMS if "hopper" in name])
+@pytest.mark.parametrize("epilogue", ["kernel", "fused"])
+def test_hopper_convolution_matches(synth: Synthesizer, name: str, epilogue: str) -> None:
+    """The default program's convolutions on CUTLASS's Hopper kernel (compute capability 9.0; the own kernels
+    elsewhere): a transposed one of stride 1, and one in several batches of images with a residual
+    epilogue in a kernel of its own or inside the store."""
+    source = PROBLEMS[name]
+    synthesis = build_source(synth, source, Variant(gemm="custom", epilogue=epilogue))
+    assert "cutlass_conv.cu" in synthesis.build.sources
     compare(source, synthesis.files["model_new.py"])
 
 
