@@ -38,8 +38,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     # CUTLASS 3's Hopper wgmma GEMM over operands split into TF32 pairs (the own kernels on devices other than
     # compute capability 9.0); cutlass, CUTLASS's SM80 3xTF32 tensor-op GEMM (8.0 and later); own, the
     # synthesizer's tiled kernels. Hopper's first: measured on an H100 (benchmarks/results/gpu_stop36) at
-    # 1.19-1.75x cuBLAS's float32 SGEMM where SM80's reached 0.54x, as accurate; convolutions stay the
-    # synthesizer's.
+    # 1.19-1.75x cuBLAS's float32 SGEMM where SM80's reached 0.54x, as accurate (convolutions: conv_kernel).
     "gemm_kernel": ("cutlass_sm90", "cutlass", "own"),
     # The own direct convolutions on CUDA (groups of one, 1-3 spatial dims): cutlass_sm90, CUTLASS 3's Hopper
     # implicit-GEMM convolution over channels split into TF32 pairs (cutlass_conv.py; the own kernels on
