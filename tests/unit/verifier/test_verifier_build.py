@@ -90,7 +90,10 @@ def cutlass_candidate():
 @pytest.mark.skipif(cutlass.include_dir() is None, reason="the nvidia-cutlass package is not installed")
 def test_a_cuda_build_that_includes_cutlass_gets_its_headers_and_the_sandbox_binds_them(monkeypatch):
     cand = cutlass_candidate()
-    assert cutlass_flags(cand) == [f"-I{cutlass.include_dir()}"]
+    # The headers and the utility headers (cutlass/util/, which the Hopper convolution includes).
+    assert cutlass_flags(cand) == [f"-I{cutlass.include_dir()}", f"-I{cutlass.util_include_dir()}"]
+    util = cutlass.util_include_dir()
+    assert util is not None and str(util).startswith(str(cutlass.package_dir()))
     assert cutlass_flags(read_dir(FIXTURES / "honest_cpu")) == [], "no CUTLASS header, no flag"
     binds = system_binds(False)
     assert str(cutlass.package_dir()) in binds, "the builder's sandbox reads the headers"
