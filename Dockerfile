@@ -94,7 +94,8 @@ RUN python3 -m venv "$VIRTUAL_ENV" \
 WORKDIR /src
 COPY pyproject.toml setup.py ./
 # CUTLASS's headers (the nvidia-cutlass package, its C++ headers only) for candidates that instantiate its
-# templates: the builder adds them to such a build (shared/cutlass.py).
+# templates: the builder adds them to such a build (shared/cutlass.py), its utility headers too (the Hopper
+# convolution includes cutlass/util/).
 RUN mkdir -p services shared proto/stitchcuda/api training \
     && pip install ".[platform]" \
     && pip install --no-deps "nvidia-cutlass==4.2.0.0" \
@@ -103,6 +104,7 @@ COPY . .
 RUN pip install --no-deps . \
     && python -c "import stitchcuda.verifier, stitchcuda.shared.metrics" \
     && python -c "from stitchcuda.shared import cutlass; assert cutlass.include_dir(), 'CUTLASS headers'" \
+    && python -c "from stitchcuda.shared import cutlass; assert cutlass.util_include_dir(), 'CUTLASS util'" \
     && nvcc --version
 
 # Ubuntu images ship a uid-1000 "ubuntu" user; the service user gets the same uid as the cpu target.

@@ -237,3 +237,4 @@ def test_gpu_stage_offers_cutlass_headers_to_candidate_builds() -> None:
     runs = " ".join(BY_NAME["cuda"].all("RUN"))
     assert re.search(r'pip install --no-deps "nvidia-cutlass==[\d.]+"', runs)
     assert "cutlass.include_dir()" in runs
+    assert "cutlass.util_include_dir()" in runs, "the Hopper convolution includes cutlass/util/"
