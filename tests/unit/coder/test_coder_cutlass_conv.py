@@ -128,6 +128,22 @@ def _tf32(v: torch.Tensor) -> torch.Tensor:
     return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
 
 
+def _split(
+    ext: Any, x: torch.Tensor, w: torch.Tensor, *, transposed: bool
+) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """The split input [N, S, Cp] and weight [COp, T, Cp] through the kernels' text, with Cp and COp."""
+    n, c = x.shape[:2]
+    co = w.shape[1] if transposed else w.shape[0]
+    cp, cop = (3 * c + 3) // 4 * 4, (co + 3) // 4 * 4
+    xs = ext.stitch_conv_layout(0, x.reshape(n, c, -1), 0, cp, None, False)
+    ws = ext.stitch_conv_layout(
+        3 if transposed else 1, w.reshape(w.shape[0], w.shape[1], -1), cop, cp, None, False
+    )
+    # Every element written; output channels past CO all zeros.
+    assert not xs.isnan().any() and not ws.isnan().any() and not ws[co:].any()
+    return xs, ws, cp, cop
+
+
 # (x shape, weight shape, stride, padding, dilation, bias)
 GEOMETRIES = [
     ((2, 5, 9, 11), (7, 5, 3, 3), (1, 1), (1, 1), (1, 1), True),  # 3C = 15 -> 16, CO = 7 -> 8
@@ -147,17 +163,13 @@ def test_split_convolution_and_store_match_torch(ext: Any, geometry: tuple[Any, 
     bias = torch.randn(w_shape[0]) if with_bias else None
     n, c, *spatial = x_shape
     co, _, *kernel = w_shape
-    cp, cop = (3 * c + 3) // 4 * 4, (co + 3) // 4 * 4
-
-    xs = ext.stitch_conv_layout(0, x.reshape(n, c, -1), 0, cp, None, False)
-    ws = ext.stitch_conv_layout(1, w.reshape(co, c, -1), cop, cp, None, False)
-    # Every element written: hi, hi, lo of each channel, zeros past 3C; the weight hi, lo, hi, zero rows past CO.
-    assert not xs.isnan().any() and not ws.isnan().any()
+    xs, ws, cp, cop = _split(ext, x, w, transposed=False)
+    # The input hi, hi, lo of each channel, zeros past 3C; the weight zeros past 3C.
     xt = x.reshape(n, c, -1).transpose(1, 2)
     hi, lo = _tf32(xt), _tf32(xt - _tf32(xt))
     assert torch.equal(xs[..., :c], hi) and torch.equal(xs[..., c : 2 * c], hi)
     assert torch.equal(xs[..., 2 * c : 3 * c], lo) and not xs[..., 3 * c :].any()
-    assert not ws[co:].any() and not ws[:, :, 3 * c :].any()
+    assert not ws[:, :, 3 * c :].any()
 
     # CUTLASS's convolution over the split operands (channels-last, KTRSC weight), stood in for in float64.
     conv = {1: functional.conv1d, 2: functional.conv2d, 3: functional.conv3d}[len(spatial)]
@@ -212,10 +224,7 @@ def test_stride_one_transposed_convolution_is_the_flipped_direct_one(
     bias = torch.randn(w_shape[1]) if with_bias else None
     n, c, *spatial = x_shape
     _, co, *kernel = w_shape
-    cp, cop = (3 * c + 3) // 4 * 4, (co + 3) // 4 * 4
-    xs = ext.stitch_conv_layout(0, x.reshape(n, c, -1), 0, cp, None, False)
-    ws = ext.stitch_conv_layout(3, w.reshape(c, co, -1), cop, cp, None, False)
-    assert not ws.isnan().any() and not ws[co:].any()
+    xs, ws, cp, cop = _split(ext, x, w, transposed=True)
     conv = {1: functional.conv1d, 2: functional.conv2d, 3: functional.conv3d}[len(spatial)]
     pads: list[int] = []
     for k, p, op, d in reversed(list(zip(kernel, padding, out_pad, dilation, strict=True))):
