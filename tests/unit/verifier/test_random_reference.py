@@ -35,12 +35,15 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.rand(48, 80)]
+    return [torch.rand(48, 256)]
 
 
 def get_init_inputs():
-    return [80, 0.25]
+    return [256, 0.25]
 """
+# 256 features: the program's own kernels (the Linear, the softmax) outweigh torch's dropout, which it must call
+# to draw as the reference does. At 80, on a CPU under load, the dropout took 53% of the profiled call and the
+# Verifier rightly rejected the program's share (D6, 47% against 50%).
 
 
 @pytest.fixture(scope="module")
