@@ -67,61 +67,21 @@ using StitchConv = cutlass::conv::device::ConvUniversalAdapter<StitchConvKernel>
 // Verifier's tolerance (the GEMM measured 1.4e-5 relative L2 at 65536), and the own kernels run instead.
 constexpr int64_t kStitchConvMaxDepth = 24576;
 
-// The input [N, C, S] (S the spatial positions) channels-last as [N, S, Cp]: per position hi | hi | lo of
-// its C channels, zeros to Cp. 32x32 tiles (channels x positions) through shared memory: read along the
-// positions, written along the channels.
-__global__ void __launch_bounds__(256)
-    stitch_conv_split_input(const float* __restrict__ x, int64_t C, int64_t S, int64_t Cp, int64_t tiles_s,
-                            float* __restrict__ out) {
-  __shared__ float tile[32][33];
-  const int64_t n = blockIdx.y, c0 = (blockIdx.x / tiles_s) * 32, s0 = (blockIdx.x % tiles_s) * 32;
-  const float* in = x + n * C * S;
-  for (int i = threadIdx.x; i < 1024; i += 256) {
-    const int ss = i % 32, cc = i / 32;
-    const int64_t c = c0 + cc, s = s0 + ss;
-    tile[cc][ss] = c < C && s < S ? in[c * S + s] : 0.f;
-  }
-  __syncthreads();
-  float* dst = out + n * S * Cp;
-  for (int i = threadIdx.x; i < 1024; i += 256) {
-    const int cc = i % 32, ss = i / 32;
-    const int64_t c = c0 + cc, s = s0 + ss;
-    if (c >= C || s >= S) continue;
-    float hi, lo;
-    stitch_tf32_pair(tile[cc][ss], hi, lo);
-    float* row = dst + s * Cp;
-    row[c] = hi;
-    row[C + c] = hi;
-    row[2 * C + c] = lo;
-  }
-  if (c0 != 0) return;
-  // The padding channels of this tile's positions (C is its own tile's business past c0 = 0).
-  const int64_t pad = Cp - 3 * C;
-  for (int64_t i = threadIdx.x; i < 32 * pad; i += 256) {
-    const int64_t s = s0 + i / pad;
-    if (s < S) dst[s * Cp + 3 * C + i % pad] = 0.f;
-  }
-}
-
-// The weight [CO, C, T] (T the taps) as [COp, T, Cp]: per output channel and tap hi | lo | hi of its C input
-// channels, zeros to Cp; output channels past CO all zeros. transposed: the weight of a transposed
-// convolution, [C, CO, T], read with its taps reversed (the direct convolution it equals at stride 1). Small:
-// one thread an element of the output.
-__global__ void __launch_bounds__(256)
-    stitch_conv_split_weight(const float* __restrict__ w, int64_t CO, int64_t C, int64_t T, int64_t COp,
-                             int64_t Cp, bool transposed, float* __restrict__ out) {
-  const int64_t total = COp * T * Cp;
-  for (int64_t i = blockIdx.x * 256LL + threadIdx.x; i < total; i += static_cast<int64_t>(gridDim.x) * 256) {
-    const int64_t cp = i % Cp, t = (i / Cp) % T, co = i / (Cp * T);
-    float v = 0.f;
-    if (co < CO && cp < 3 * C) {
-      const int64_t part = cp / C, c = cp - part * C;
-      float hi, lo;
-      stitch_tf32_pair(transposed ? w[(c * CO + co) * T + (T - 1 - t)] : w[(co * C + c) * T + t], hi, lo);
-      v = part == 1 ? lo : hi;
-    }
-    out[i] = v;
-  }
+// The operands of one convolution split into TF32 pairs by the GEMM's split pass (cutlass_gemm.SM90_COMMON),
+// channels the depth: the input [N, C, S] (S the positions) as N batches of S rows, [N, S, Cp] with
+// hi | hi | lo of each position's channels; the weight [CO, C, T] (T the taps) as CO batches of T rows,
+// [COp, T, Cp] with hi | lo | hi; zeros past 3C, output channels past CO all zeros. transposed: the weight of
+// a transposed convolution, [C, CO, T], its taps reversed (the direct convolution it equals at stride 1).
+void stitch_conv_split(const float* x, const float* w, int64_t N, int64_t C, int64_t S, int64_t CO,
+                       int64_t COp, int64_t T, int64_t Cp, bool transposed, float* xs, float* ws,
+                       cudaStream_t stream) {
+  stitch_sm90_split(x, C * S, 1, S, S, C, Cp, N, false, nullptr, false, xs, stream);
+  if (transposed)
+    stitch_sm90_split(w + (T - 1), T, -1, CO * T, T, C, Cp, CO, true, nullptr, false, ws, stream);
+  else
+    stitch_sm90_split(w, C * T, 1, T, T, C, Cp, CO, true, nullptr, false, ws, stream);
+  const size_t padding = static_cast<size_t>((COp - CO) * T * Cp) * sizeof(float);
+  if (padding > 0) STITCH_CUDA_CHECK(cudaMemsetAsync(ws + CO * T * Cp, 0, padding, stream));
 }
 """
 
@@ -154,8 +114,9 @@ __HIDDEN__ bool stitch_cutlass_conv(__PARAMS__) {
       pad[j] = dil[j] * (k[j] - 1) - pad[j];
     }
   const int64_t limit = int64_t{1} << 31;
+  // The split pass runs a batch (an image, an output channel) a row of blocks: at most 65535.
   if (groups != 1 || COp % 4 != 0 || COp < CO || Cp * T > kStitchConvMaxDepth || N * S * Cp >= limit ||
-      N * OS * COp >= limit || N * OS == 0)
+      N * OS * COp >= limit || N * OS == 0 || N > 65535 || CO > 65535)
     return false;
   cudaStream_t stream = stitch::current_stream();
   if (!stitch_sm90_ready(stream)) return false;
@@ -186,15 +147,8 @@ __HIDDEN__ bool stitch_cutlass_conv(__PARAMS__) {
       {{1.f, 0.f}, nullptr, typename Kernel::StrideC{}, out, stride_d}};
   StitchConv conv;
   if (conv.can_implement(args) != cutlass::Status::kSuccess) return false;
-  const int64_t tiles_s = (S + 31) / 32, tiles = ((C + 31) / 32) * tiles_s;
-  if (tiles >= limit) return false;
-  stitch_conv_split_input<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(N)), 256, 0, stream>>>(
-      x, C, S, Cp, tiles_s, static_cast<float*>(xs.ptr));
-  STITCH_LAUNCH_CHECK();
-  const int64_t wblocks = std::min<int64_t>((COp * T * Cp + 255) / 256, int64_t{1} << 16);
-  stitch_conv_split_weight<<<static_cast<unsigned>(wblocks), 256, 0, stream>>>(
-      w, CO, C, T, COp, Cp, transposed, static_cast<float*>(ws.ptr));
-  STITCH_LAUNCH_CHECK();
+  stitch_conv_split(x, w, N, C, S, CO, COp, T, Cp, transposed, static_cast<float*>(xs.ptr),
+                    static_cast<float*>(ws.ptr), stream);
   const size_t bytes = StitchConv::get_workspace_size(args);
   stitch::Scratch workspace(bytes > 0 ? bytes : 1, stream);
   STITCH_CHECK(conv.initialize(args, workspace.ptr, stream) == cutlass::Status::kSuccess,

@@ -145,8 +145,8 @@ using StitchSm90Gemm = cutlass::gemm::device::GemmUniversalAdapter<StitchSm90Ker
 
 """
 
-# What both Hopper units use (the GEMM's here, the convolution's, cutlass_conv.py): the sm_90a probe and the
-# TF32 split of a float.
+# What both Hopper units use (the GEMM's here, the convolution's, cutlass_conv.py): the sm_90a probe, the TF32
+# split of a float and the pass that lays an operand out split, K-major.
 SM90_COMMON = r"""
 // Writes 1 where the device runs this unit's sm_90a code (wgmma), nothing elsewhere.
 __global__ void stitch_sm90a_probe(int* flag) {
@@ -201,9 +201,6 @@ __device__ __forceinline__ void stitch_tf32_pair(float v, float& hi, float& lo) 
   lo = isfinite(hi) ? stitch_tf32_round(v - hi) : 0.f;
 }
 
-"""
-
-_SM90_GEMM = r"""
 // One operand, rows R (M of A, N of B) by depth K read at src[b * sb + r * sr + k * sk], written K-major as
 // out[b][r][0..Kp): A as [hi | hi | lo], B as [hi | lo | hi] (b_side), then the bias columns (A: two ones;
 // B: the bias's hi and lo parts) and zeros to Kp. 32x32 tiles through shared memory, loaded along whichever
@@ -253,21 +250,24 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// One split operand at a time stays within this many bytes: a larger GEMM runs panel by panel (rows of A,
-// columns of B), so its scratch memory is bounded whatever the operands' sizes (a 32768^2 weight would take
-// 12 GiB at once).
-constexpr size_t kStitchSplitBytes = size_t{1} << 30;
-
 // Splits `rows` rows of one operand (`batches` batches) into out, K-major, Kp deep.
 void stitch_sm90_split(const float* src, int64_t sb, int64_t sr, int64_t sk, int64_t rows, int64_t K,
                        int64_t Kp, int64_t batches, bool b_side, const float* bias, bool with_bias,
                        float* out, cudaStream_t stream) {
   const int64_t tiles_k = (K + 31) / 32, tiles = ((rows + 31) / 32) * tiles_k;
-  STITCH_CHECK(tiles < (int64_t{1} << 31), "CUTLASS GEMM: operands too large to split");
+  STITCH_CHECK(tiles < (int64_t{1} << 31), "CUTLASS: operands too large to split");
   stitch_tf32x3_split<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(batches)), 256, 0, stream>>>(
       src, sb, sr, sk, rows, K, Kp, tiles_k, b_side, bias, with_bias, out);
   STITCH_LAUNCH_CHECK();
 }
+
+"""
+
+_SM90_GEMM = r"""
+// One split operand at a time stays within this many bytes: a larger GEMM runs panel by panel (rows of A,
+// columns of B), so its scratch memory is bounded whatever the operands' sizes (a 32768^2 weight would take
+// 12 GiB at once).
+constexpr size_t kStitchSplitBytes = size_t{1} << 30;
 
 // D (rows ldd apart, batches stride_batch_d apart) = A3 @ B3^T over Kp: the GEMM of split operands. false:
 // CUTLASS cannot take these sizes (nothing launched).

@@ -31,14 +31,10 @@ static thread_local StitchDim3 gridDim;
 static inline uint32_t __float_as_uint(float v) { uint32_t u; std::memcpy(&u, &v, 4); return u; }
 static inline float __uint_as_float(uint32_t u) { float v; std::memcpy(&v, &u, 4); return v; }
 using std::isfinite;
+typedef void* cudaStream_t;
+#define STITCH_CUDA_CHECK(expr) (expr)
+static inline int cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) { std::memset(p, v, n); return 0; }
 __TF32__
-__SPLIT__
-// A program's epilogue as the store sees it: tanh(v) / 2 plus the flat index / 1000.
-struct StitchTestEpi {
-  bool on;
-  float operator()(float v, int64_t i) const { return on ? std::tanh(v) * 0.5f + i * 1e-3f : v; }
-};
-__STORE__
 // Runs `kernel` over a grid of (bx, by) blocks of 256 threads, each CUDA thread a thread here.
 template <typename F>
 static void stitch_grid(unsigned bx, unsigned by, F kernel) {
@@ -57,34 +53,43 @@ static void stitch_grid(unsigned bx, unsigned by, F kernel) {
     }
   pthread_barrier_destroy(&stitch_barrier);
 }
+// The split pass's launcher (cutlass_gemm.SM90_COMMON's grid) running its kernel here.
+static void stitch_sm90_split(const float* src, int64_t sb, int64_t sr, int64_t sk, int64_t rows, int64_t K,
+                              int64_t Kp, int64_t batches, bool b_side, const float* bias, bool with_bias,
+                              float* out, cudaStream_t) {
+  const int64_t tiles_k = (K + 31) / 32, tiles = ((rows + 31) / 32) * tiles_k;
+  stitch_grid(tiles, batches,
+              [=] { stitch_tf32x3_split(src, sb, sr, sk, rows, K, Kp, tiles_k, b_side, bias, with_bias, out); });
+}
+__SPLIT__
+// A program's epilogue as the store sees it: tanh(v) / 2 plus the flat index / 1000.
+struct StitchTestEpi {
+  bool on;
+  float operator()(float v, int64_t i) const { return on ? std::tanh(v) * 0.5f + i * 1e-3f : v; }
+};
+__STORE__
 
-// which 0: the input [N, C, S] split as [N, S, Cp]; 1: the weight [CO, C, T] as [COp, T, Cp] (3: a transposed
-// convolution's [C, CO, T], taps reversed); 2: the channels-last [N, S, COp] stored as [N, CO, S] with bias
-// and (epi) the epilogue.
-at::Tensor stitch_conv_layout(int64_t which, const at::Tensor& t, int64_t channels, int64_t padded,
-                              const c10::optional<at::Tensor>& bias, bool epi) {
+// which 0: the input [N, C, S] and the weight `other` [CO, C, T] split as [N, S, Cp] and [COp, T, Cp] by the
+// unit's stitch_conv_split (1: a transposed convolution's weight [C, CO, T]); 2: the channels-last
+// [N, S, COp] stored as [N, CO, S] with bias `other` and (epi) the epilogue.
+std::vector<at::Tensor> stitch_conv_layout(int64_t which, const at::Tensor& t,
+                                           const c10::optional<at::Tensor>& other, int64_t channels,
+                                           int64_t padded, bool epi) {
   const float* src = t.data_ptr<float>();
-  if (which == 0) {
-    const int64_t N = t.size(0), C = t.size(1), S = t.size(2), Cp = padded;
-    at::Tensor out = at::full({N, S, Cp}, NAN, t.options());
-    float* dst = out.data_ptr<float>();
-    const int64_t tiles_s = (S + 31) / 32, tiles = ((C + 31) / 32) * tiles_s;
-    stitch_grid(tiles, N, [=] { stitch_conv_split_input(src, C, S, Cp, tiles_s, dst); });
-    return out;
-  }
-  if (which == 1 || which == 3) {
-    const bool transposed = which == 3;
-    const int64_t CO = t.size(transposed ? 1 : 0), C = t.size(transposed ? 0 : 1), T = t.size(2);
-    const int64_t COp = channels, Cp = padded;
-    at::Tensor out = at::full({COp, T, Cp}, NAN, t.options());
-    float* dst = out.data_ptr<float>();
-    stitch_grid(2, 1, [=] { stitch_conv_split_weight(src, CO, C, T, COp, Cp, transposed, dst); });
-    return out;
+  if (which == 0 || which == 1) {
+    const bool transposed = which == 1;
+    const at::Tensor& w = *other;
+    const int64_t N = t.size(0), C = t.size(1), S = t.size(2);
+    const int64_t CO = w.size(transposed ? 1 : 0), T = w.size(2), COp = channels, Cp = padded;
+    at::Tensor xs = at::full({N, S, Cp}, NAN, t.options()), ws = at::full({COp, T, Cp}, NAN, t.options());
+    stitch_conv_split(src, w.data_ptr<float>(), N, C, S, CO, COp, T, Cp, transposed, xs.data_ptr<float>(),
+                      ws.data_ptr<float>(), nullptr);
+    return {xs, ws};
   }
   const int64_t N = t.size(0), S = t.size(1), COp = t.size(2), CO = channels;
   at::Tensor y = at::full({N, CO, S}, NAN, t.options());
   float* dst = y.data_ptr<float>();
-  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  const float* b = other.has_value() ? other->data_ptr<float>() : nullptr;
   const int64_t tiles_s = (S + 31) / 32, tiles = ((CO + 31) / 32) * tiles_s;
   // Two batches of images (as the launcher runs a large convolution), the second from image n0.
   const int64_t first = (N + 1) / 2;
@@ -94,7 +99,7 @@ at::Tensor stitch_conv_layout(int64_t which, const at::Tensor& t, int64_t channe
     stitch_grid(tiles, N - first,
                 [=] { stitch_conv_tc_store(rest, first, S, CO, COp, tiles_s, b, dst, StitchTestEpi{epi}); });
   }
-  return y;
+  return {y};
 }
 """
 
@@ -107,8 +112,11 @@ def _between(text: str, start: str, end: str | None = None) -> str:
 @pytest.fixture(scope="module")
 def ext(tmp_path_factory: pytest.TempPathFactory) -> Any:
     source = (
-        ON_CPU.replace("__TF32__", _between(cutlass_gemm.SM90_COMMON, "// TF32 rounding of a float"))
-        .replace("__SPLIT__", _between(cutlass_conv.SOURCE, "// The input [N, C, S]"))
+        ON_CPU.replace(
+            "__TF32__",
+            _between(cutlass_gemm.SM90_COMMON, "// TF32 rounding of a float", "// Splits `rows` rows"),
+        )
+        .replace("__SPLIT__", _between(cutlass_conv.SOURCE, "// The operands of one convolution split"))
         .replace(
             "__STORE__",
             _between(
@@ -131,13 +139,12 @@ def _tf32(v: torch.Tensor) -> torch.Tensor:
 def _split(
     ext: Any, x: torch.Tensor, w: torch.Tensor, *, transposed: bool
 ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """The split input [N, S, Cp] and weight [COp, T, Cp] through the kernels' text, with Cp and COp."""
+    """The split input [N, S, Cp] and weight [COp, T, Cp] through the unit's text, with Cp and COp."""
     n, c = x.shape[:2]
     co = w.shape[1] if transposed else w.shape[0]
     cp, cop = (3 * c + 3) // 4 * 4, (co + 3) // 4 * 4
-    xs = ext.stitch_conv_layout(0, x.reshape(n, c, -1), 0, cp, None, False)
-    ws = ext.stitch_conv_layout(
-        3 if transposed else 1, w.reshape(w.shape[0], w.shape[1], -1), cop, cp, None, False
+    xs, ws = ext.stitch_conv_layout(
+        1 if transposed else 0, x.reshape(n, c, -1), w.reshape(w.shape[0], w.shape[1], -1), cop, cp, False
     )
     # Every element written; output channels past CO all zeros.
     assert not xs.isnan().any() and not ws.isnan().any() and not ws[co:].any()
@@ -178,7 +185,7 @@ def test_split_convolution_and_store_match_torch(ext: Any, geometry: tuple[Any, 
     d = conv(xs_nc, ws_nc, stride=stride, padding=padding, dilation=dilation).float()
     out_spatial = d.shape[2:]
     d_last = d.movedim(1, -1).reshape(n, -1, cop).contiguous()
-    y = ext.stitch_conv_layout(2, d_last, co, 0, bias, epi).reshape(n, co, *out_spatial)
+    y = ext.stitch_conv_layout(2, d_last, bias, co, 0, epi)[0].reshape(n, co, *out_spatial)
 
     want = conv(
         x.double(), w.double(), bias.double() if bias is not None else None, stride, padding, dilation
@@ -232,7 +239,8 @@ def test_stride_one_transposed_convolution_is_the_flipped_direct_one(
     xs_nc = functional.pad(xs.reshape(n, *spatial, cp).movedim(-1, 1).double(), pads)
     d = conv(xs_nc, ws.reshape(cop, *kernel, cp).movedim(-1, 1).double(), dilation=dilation).float()
     out_spatial = d.shape[2:]
-    y = ext.stitch_conv_layout(2, d.movedim(1, -1).reshape(n, -1, cop).contiguous(), co, 0, bias, False)
+    d_last = d.movedim(1, -1).reshape(n, -1, cop).contiguous()
+    y = ext.stitch_conv_layout(2, d_last, bias, co, 0, False)[0]
     transpose = {
         1: functional.conv_transpose1d,
         2: functional.conv_transpose2d,
