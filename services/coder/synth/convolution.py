@@ -677,10 +677,13 @@ __global__ void __launch_bounds__(256) stitch_conv_tc_store(const float* __restr
 // The scratch of Hopper's convolution at once (the split input and the channels-last output).
 constexpr int64_t kStitchConvScratch = int64_t{1} << 29;
 
+// A channel count padded as TMA moves it (16 bytes): the split input's 3C, the output's CO.
+static int64_t stitch_conv_tc_padded(int64_t channels) { return (channels + 3) / 4 * 4; }
+
 // The fraction of a tensor-core tile's work that is the convolution's own: channels x 3 over 32-deep K
 // steps, output channels over 128-wide tiles.
 static double stitch_conv_tc_fill(const ConvGeom& g) {
-  const int64_t cp = (3 * g.c + 3) / 4 * 4, cop = (g.co + 3) / 4 * 4;
+  const int64_t cp = stitch_conv_tc_padded(3 * g.c), cop = stitch_conv_tc_padded(g.co);
   return static_cast<double>(cp) / static_cast<double>((cp + 31) / 32 * 32) * static_cast<double>(cop) /
          static_cast<double>((cop + 127) / 128 * 128);
 }
@@ -700,13 +703,15 @@ static bool stitch_conv_tc_sm90(const float* x, const float* w, const float* bia
   if (g.groups != 1 || products < 268435456.0 || g.c * taps < 128 || stitch_conv_tc_fill(g) < 0.3)
     return false;
   if (transposed && (g.stride[0] != 1 || g.stride[1] != 1 || g.stride[2] != 1)) return false;
-  const int64_t cop = (g.co + 3) / 4 * 4, tiles_s = (S + 31) / 32, tiles = ((g.co + 31) / 32) * tiles_s;
+  const int64_t cop = stitch_conv_tc_padded(g.co), tiles_s = (S + 31) / 32;
+  const int64_t tiles = ((g.co + 31) / 32) * tiles_s;
   if (tiles >= (int64_t{1} << 31)) return false;
   // A few images at a time: the split input and the channels-last output of one batch of images stay
   // within kStitchConvScratch (whole images), so the scratch does not grow with the problem (the Verifier
   // allows a candidate 1 GiB, or 3x the reference's peak, past the reference's).
-  const int64_t image = (g.in[0] * g.in[1] * g.in[2] * ((3 * g.c + 3) / 4 * 4) + S * cop) *
-                        static_cast<int64_t>(sizeof(float));
+  const int64_t in_positions = g.in[0] * g.in[1] * g.in[2];
+  const int64_t image =
+      (in_positions * stitch_conv_tc_padded(3 * g.c) + S * cop) * static_cast<int64_t>(sizeof(float));
   const int64_t images = std::max<int64_t>(1, std::min<int64_t>({g.n, kStitchConvScratch / image, 65535}));
   cudaStream_t stream = stitch::current_stream();
   stitch::Scratch staged(static_cast<size_t>(images * S * cop) * sizeof(float), stream);
@@ -717,7 +722,7 @@ static bool stitch_conv_tc_sm90(const float* x, const float* w, const float* bia
     part[0] = std::min(images, g.n - n0);
     // The first batch's refusal leaves everything to the own kernels; a later one (fewer images, never
     // refused where more were taken) would leave y half written.
-    const float* xn = x + n0 * g.c * g.in[0] * g.in[1] * g.in[2];
+    const float* xn = x + n0 * g.c * in_positions;
     const bool ran = stitch_cutlass_conv(xn, w, d, part, cop, transposed);
     if (!ran && n0 == 0) return false;
     STITCH_CHECK(ran, "CUTLASS SM90 convolution: a later batch of images refused");
