@@ -2,7 +2,8 @@
 `torch.compile` in one process, at the problem's own size.
 
     python benchmarks/variant_speed.py PROBLEM.py [PROBLEM.py ...] \
-        [--variants default mma=simt epilogue=kernel] [--policy strict] [--rounds 15] [--out result.json]
+        [--variants default mma=simt epilogue=kernel] [--policy strict] [--rounds 15] [--profile 12] \
+        [--out result.json]
 
 Per problem: every variant's program is built (in parallel, one process per build), checked against the
 float32 reference (largest error relative to the reference's largest magnitude), then all of them, eager and
@@ -78,7 +79,27 @@ def timed(fn: Any, inputs: list[Any]) -> float:
     return float(start.elapsed_time(end))
 
 
-def run_problem(path: Path, variants: list[str], policy: str, rounds: int, root: Path) -> dict[str, Any]:
+def kernel_profile(fn: Any, inputs: list[Any], top: int) -> list[dict[str, Any]]:
+    """The `top` kernels by GPU time in one call of `fn`: name (shortened), calls, total microseconds."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(*inputs)
+        torch.cuda.synchronize()
+    rows: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        row = rows.setdefault(event.name[:120], [0, 0.0])
+        row[0] += 1
+        row[1] += float(event.device_time)
+    ranked = sorted(rows.items(), key=lambda item: -item[1][1])[:top]
+    return [{"kernel": name, "calls": int(calls), "us": round(us, 1)} for name, (calls, us) in ranked]
+
+
+def run_problem(
+    path: Path, variants: list[str], policy: str, rounds: int, root: Path, profile_top: int = 0
+) -> dict[str, Any]:
     ref = path.read_text()
     with ProcessPoolExecutor(max_workers=len(variants)) as pool:
         futures = {v: pool.submit(build, ref, v, policy, str(root)) for v in variants}
@@ -95,7 +116,7 @@ def run_problem(path: Path, variants: list[str], policy: str, rounds: int, root:
     exec(compile(ref, str(path), "exec"), ns)
     init = ns["get_init_inputs"]()
     torch.manual_seed(0)
-    model = ns["Model"](*init).cuda().eval()
+    model = ns["Model"](*init).cuda()  # as constructed, as the Verifier runs it
     torch.manual_seed(1)
     inputs = [x.cuda() if torch.is_tensor(x) else x for x in ns["get_inputs"]()]
     programs: dict[str, Any] = {"eager": model}
@@ -109,7 +130,7 @@ def run_problem(path: Path, variants: list[str], policy: str, rounds: int, root:
         mn: dict[str, Any] = {"__name__": f"model_new_{name}"}
         exec(compile(files["model_new.py"], "model_new.py", "exec"), mn)
         torch.manual_seed(0)
-        programs[v] = mn["ModelNew"](*init).cuda().eval()
+        programs[v] = mn["ModelNew"](*init).cuda()
     result: dict[str, Any] = {"problem": path.stem, "errors": errors, "build_s": {}, "max_rel_err": {}}
     with torch.no_grad():
         expected = model(*inputs)
@@ -130,6 +151,8 @@ def run_problem(path: Path, variants: list[str], policy: str, rounds: int, root:
         for _ in range(rounds):
             for key, fn in programs.items():
                 samples[key].append(timed(fn, inputs))
+        if profile_top:
+            result["profile"] = {k: kernel_profile(fn, inputs, profile_top) for k, fn in programs.items()}
     ms = {k: statistics.median(s) for k, s in samples.items()}
     result["ms"] = {k: round(v, 4) for k, v in ms.items()}
     result["vs_eager"] = {k: round(ms["eager"] / v, 3) for k, v in ms.items() if k not in ("eager",)}
@@ -144,6 +167,7 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["default", "mma=simt", "epilogue=kernel"])
     parser.add_argument("--policy", choices=[STRICT, LIBRARY], default=STRICT)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--profile", type=int, default=0, metavar="K", help="K slowest kernels")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -153,7 +177,7 @@ def main() -> None:
         for path in args.problems:
             started = time.monotonic()
             try:
-                r = run_problem(path, args.variants, args.policy, args.rounds, Path(tmp))
+                r = run_problem(path, args.variants, args.policy, args.rounds, Path(tmp), args.profile)
             except Exception as exc:  # one problem's failure does not end the run
                 r = {"problem": path.stem, "failed": f"{type(exc).__name__}: {str(exc)[:300]}"}
             r["wall_s"] = round(time.monotonic() - started, 1)
