@@ -167,11 +167,11 @@ def test_own_convolution_and_einsum_kernels_match(synth: Synthesizer, name: str,
 
 
 @pytest.mark.parametrize("name", [name for name in PROBLEMS if "hopper" in name])
-@pytest.mark.parametrize("epilogue", ["kernel", "fused"])
+@pytest.mark.parametrize("epilogue", ["auto", "kernel", "fused"])
 def test_hopper_convolution_matches(synth: Synthesizer, name: str, epilogue: str) -> None:
     """The default program's convolutions on CUTLASS's Hopper kernel (compute capability 9.0; the own kernels
     elsewhere): a transposed one of stride 1, and one in several batches of images with a residual
-    epilogue in a kernel of its own or inside the store."""
+    epilogue inside Hopper's store (auto, the default, and fused) or in a kernel of its own."""
     source = PROBLEMS[name]
     synthesis = build_source(synth, source, Variant(gemm="custom", epilogue=epilogue))
     assert "cutlass_conv.cu" in synthesis.build.sources
@@ -179,13 +179,14 @@ def test_hopper_convolution_matches(synth: Synthesizer, name: str, epilogue: str
 
 
 @pytest.mark.parametrize("name", [name for name in PROBLEMS if "epilogue" in name or name.endswith("_relu")])
-@pytest.mark.parametrize("mma", ["simt", "tf32x3"])
-def test_epilogues_inside_the_store_match(synth: Synthesizer, name: str, mma: str) -> None:
-    """The variant epilogue=fused (the optimize skill tries it; the default since stop 35 is a kernel of its
-    own): the pointwise kernel applied in the own convolution's or GEMM's store, on SIMT and tensor cores."""
+@pytest.mark.parametrize(("epilogue", "mma"), [("fused", "simt"), ("fused", "tf32x3"), ("auto", "simt")])
+def test_epilogues_inside_the_store_match(synth: Synthesizer, name: str, epilogue: str, mma: str) -> None:
+    """The variant epilogue=fused (the optimize skill tries it): the pointwise kernel applied in the own
+    convolution's or GEMM's store, on SIMT and tensor cores; epilogue=auto (the default): in the direct and
+    depthwise kernels' stores, a pass of its own after the implicit GEMM."""
     source = PROBLEMS[name]
     synthesis = build_source(
-        synth, source, Variant(epilogue="fused", gemm_kernel="own", conv_kernel="own", mma=mma)
+        synth, source, Variant(epilogue=epilogue, gemm_kernel="own", conv_kernel="own", mma=mma)
     )
     assert "_prepare(" in synthesis.files["forward.cpp"].split(" forward(")[-1]
     compare(source, synthesis.files["model_new.py"])

@@ -621,6 +621,17 @@ static bool stitch_conv_dw(const float* x, const float* w, const float* bias, fl
   return true;
 }
 
+// The direct kernel: four output channels a thread where a group's channels split evenly (always, for the
+// usual widths).
+template <bool kT, typename Epi>
+static void stitch_conv_direct(const float* x, const float* w, const float* bias, float* y, const ConvGeom& g,
+                               const Epi& epi) {
+  if ((g.co / g.groups) % 4 == 0)
+    stitch_conv_run<kT, 4>(x, w, bias, y, g, epi);
+  else
+    stitch_conv_run<kT, 1>(x, w, bias, y, g, epi);
+}
+
 __TC__// One convolution (kT: transposed) with its epilogue: the depthwise kernel or the implicit GEMM where
 // they apply, the direct kernel otherwise. Each epilogue instantiates the kernels once more, so a program
 // builds only those it launches.
@@ -635,11 +646,39 @@ static void stitch_conv_with(const float* x, const float* w, const float* bias, 
   if (stitch_conv_tc_sm90(x, w, bias, y, geom, g, kT, epi)) return;
 #endif
   if (stitch_conv_igemm<kT>(x, w, bias, y, g, epi)) return;
-  // Four output channels a thread where a group's channels split evenly (always, for the usual widths).
-  if ((g.co / g.groups) % 4 == 0)
-    stitch_conv_run<kT, 4>(x, w, bias, y, g, epi);
-  else
-    stitch_conv_run<kT, 1>(x, w, bias, y, g, epi);
+  stitch_conv_direct<kT>(x, w, bias, y, g, epi);
+}
+
+// The epilogue over y in place, a pass of its own: y[i] = epi(y[i], i).
+template <typename Epi>
+__global__ void __launch_bounds__(256) stitch_conv_epi_pass(float* __restrict__ y, int64_t n, Epi epi) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = epi(y[i], i);
+}
+
+// A convolution with its epilogue where the epilogue costs least (variant epilogue=auto): inside the stores
+// of the depthwise and direct kernels (memory-bound ones) and of Hopper's convolution (whose store is a pass
+// of its own anyway), but a pass of its own after the implicit GEMM, whose registers it crowds (measured
+// slower inside its store on the H200: stitch_conv_with is the variant epilogue=fused).
+template <bool kT, typename Epi>
+static void stitch_conv_tail(const float* x, const float* w, const float* bias, float* y, const int64_t* geom,
+                             const Epi& epi) {
+  const ConvGeom g = conv_geom(geom);
+  if constexpr (!kT) {
+    if (stitch_conv_dw(x, w, bias, y, g, epi)) return;
+  }
+#ifdef STITCH_CONV_SM90
+  if (stitch_conv_tc_sm90(x, w, bias, y, geom, g, kT, epi)) return;
+#endif
+  if (stitch_conv_igemm<kT>(x, w, bias, y, g, StitchNoEpi{})) {
+    const int64_t n = g.n * g.co * g.out[0] * g.out[1] * g.out[2];
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, sm_count() * 16LL));
+    stitch_conv_epi_pass<Epi><<<blocks, 256, 0, stitch::current_stream()>>>(y, n, epi);
+    STITCH_LAUNCH_CHECK();
+    return;
+  }
+  stitch_conv_direct<kT>(x, w, bias, y, g, epi);
 }
 """.replace("__WEIGHT__", _WEIGHT)
 

@@ -1017,7 +1017,8 @@ class CudaKernels:
         params = self.launcher_params(info, ["int64_t n", "int64_t cols"])
         lib_params = ["const float* lx", "const float* lw", "const float* lb", "const int64_t* geom"]
         if lib.fn in convolution.CONV_FNS:
-            run = f"stitch_conv_with<{str(lib.fn.startswith('conv_transpose')).lower()}>"
+            with_ = "stitch_conv_tail" if self.variant.epilogue == "auto" else "stitch_conv_with"
+            run = f"{with_}<{str(lib.fn.startswith('conv_transpose')).lower()}>"
         else:
             run = "stitch_gemm_with"
         setup = [f"e.in{i} = in{i};" for i in range(len(info.operands))]
@@ -1144,6 +1145,9 @@ def emit(
     if variant.gemm == "custom" and variant.epilogue == "fused":
         # A CUTLASS GEMM keeps its pointwise tail as a kernel: only the convolutions take theirs inside.
         fuse_library_epilogues(program, convolution.CONV_FNS | (frozenset() if cutlass else {"linear"}))
+    elif variant.gemm == "custom" and variant.epilogue == "auto":
+        # The convolutions take theirs where it costs least (convolution.py, stitch_conv_tail); GEMMs keep a kernel.
+        fuse_library_epilogues(program, convolution.CONV_FNS)
     kernels = CudaKernels(program, variant)
     host = Host(program, "cuda", kernels.launch, custom_library=variant.gemm == "custom")
     body = host.body()

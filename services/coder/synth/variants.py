@@ -47,10 +47,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     # level-2 problems 1 and 17 and level-1 problem 55, 1.2x on level-1 problem 63 (16 input channels).
     "conv_kernel": ("cutlass_sm90", "own"),
     # The pointwise kernel over an own GEMM's (nn.Linear) or convolution's output on CUDA (activation,
-    # scaling, clamp, residual): a kernel after it, or inside its store (one pass over the output). A kernel
-    # first: inside the store, the convolutions measured on the H200 ran slower (problem 4: 46.2 ms vs
-    # 37.7 ms, problem 5: 24.8 ms vs 23.4 ms, 3xTF32 kernels); tuning tries the store.
-    "epilogue": ("kernel", "fused"),
+    # scaling, clamp, residual): auto, a convolution's inside the store of Hopper's, the depthwise and the
+    # direct kernels (one pass over the output; Hopper's store is a pass of its own anyway) and a pass after
+    # the implicit GEMM, a GEMM's a kernel after it; kernel, a kernel after each; fused, inside every store.
+    # Not inside the implicit GEMM's store by default: the convolutions measured on the H200 ran slower so
+    # (problem 4: 46.2 ms vs 37.7 ms, problem 5: 24.8 ms vs 23.4 ms, 3xTF32 kernels); tuning tries it.
+    "epilogue": ("auto", "kernel", "fused"),
     # Accumulator of sums: auto (double on CPU and for split reductions, float otherwise), float, double.
     "acc": ("auto", "double", "float"),
     # Split long reductions over several blocks/threads when there are few rows.
@@ -72,7 +74,7 @@ class Variant:
     mma: str = "simt"
     gemm_kernel: str = "cutlass_sm90"
     conv_kernel: str = "cutlass_sm90"
-    epilogue: str = "kernel"
+    epilogue: str = "auto"
     acc: str = "auto"
     split: str = "auto"
     grain: str = "32768"
@@ -225,9 +227,15 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
                     )
             other = "tf32x3" if previous.mma == "simt" else "simt"
             out.append((previous.with_(mma=other), f"own GEMM/convolution products on {other}, measured"))
-            other = "fused" if previous.epilogue == "kernel" else "kernel"
-            where = "inside the store" if other == "fused" else "as kernels of their own"
-            out.append((previous.with_(epilogue=other), f"GEMM/convolution epilogues {where}, measured"))
+            for other in CHOICES["epilogue"]:
+                if other != previous.epilogue:
+                    where = {"auto": "where they cost least", "kernel": "as kernels of their own"}
+                    out.append(
+                        (
+                            previous.with_(epilogue=other),
+                            f"GEMM/convolution epilogues {where.get(other, 'inside every store')}, measured",
+                        )
+                    )
         if previous.gemm_bias != "epilogue":
             out.append((previous.with_(gemm_bias="epilogue"), "bias fused into the epilogue kernel"))
         if previous.conv_bias != "library" and previous.gemm != "custom":

@@ -59,8 +59,8 @@ def forward_of(files: dict[str, str]) -> str:
     return host[host.rindex(" forward(") :]
 
 
-# Epilogues inside the store: a variant the optimize skill tries (the default keeps them as kernels since the
-# H200's measurements), with the own GEMM kernels (a CUTLASS GEMM keeps its tail as a kernel).
+# Epilogues inside every store: a variant the optimize skill tries (the default keeps the implicit GEMM's out of
+# its store since the H200's measurements), with the own GEMM kernels (a CUTLASS GEMM keeps its tail as a kernel).
 FUSED = {"epilogue": "fused", "gemm_kernel": "own"}
 
 
@@ -87,9 +87,34 @@ def test_a_convolution_another_step_reads_stays_a_launch_of_its_own(synth: Synth
     assert "void stitch_conv_launch(" in files["kernels.cu"]
 
 
+def test_by_default_a_convolution_takes_its_epilogue_where_it_costs_least(synth: Synthesizer) -> None:
+    """epilogue=auto: each convolution launches with its pointwise kernel through stitch_conv_tail (inside
+    Hopper's, the depthwise and the direct kernels' stores, a pass after the implicit GEMM); the CUTLASS GEMM
+    keeps its kernel."""
+    files = program(synth, FUSABLE)
+    forward, kernels = forward_of(files), files["kernels.cu"]
+    assert forward.count("stitch_conv_prepare(") == 2 and "stitch_conv(" not in forward
+    assert forward.count("stitch_linear(") == 1 and "stitch_linear_prepare(" not in forward
+    assert "stitch_conv_tail<true>(lx, lw, lb, out, geom, e);" in kernels
+    assert "stitch_conv_tail<false>(lx, lw, lb, out, geom, e);" in kernels
+    assert "stitch_conv_with<true>(lx" not in kernels and "stitch_conv_with<false>(lx" not in kernels
+    # The pass after the implicit GEMM reads back what it stored; the others apply it in their stores.
+    tail = kernels[kernels.index("static void stitch_conv_tail(") :]
+    tail = tail[: tail.index("\n}\n")]
+    assert "stitch_conv_igemm<kT>(x, w, bias, y, g, StitchNoEpi{})" in tail
+    assert (
+        "stitch_conv_epi_pass<Epi><<<" in tail
+        and "stitch_conv_tc_sm90(x, w, bias, y, geom, g, kT, epi)" in tail
+    )
+
+
 @pytest.mark.parametrize(
     ("device", "variant"),
-    [("cuda", {}), ("cuda", {"epilogue": "kernel", "gemm_kernel": "own"}), ("cpu", FUSED)],
+    [
+        ("cuda", {"epilogue": "kernel"}),
+        ("cuda", {"epilogue": "kernel", "gemm_kernel": "own"}),
+        ("cpu", FUSED),
+    ],
 )
 def test_separate_kernels_where_the_variant_or_the_device_says_so(
     synth: Synthesizer, device: str, variant: dict[str, str]
