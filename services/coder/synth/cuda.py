@@ -1146,7 +1146,7 @@ def emit(
         # A CUTLASS GEMM keeps its pointwise tail as a kernel: only the convolutions take theirs inside.
         fuse_library_epilogues(program, convolution.CONV_FNS | (frozenset() if cutlass else {"linear"}))
     elif variant.gemm == "custom" and variant.epilogue == "auto":
-        # The convolutions take theirs where it costs least (convolution.stitch_conv_tail); GEMMs keep kernels.
+        # Convolutions take theirs where it costs least (convolution.stitch_conv_tail); GEMMs keep kernels.
         fuse_library_epilogues(program, convolution.CONV_FNS)
     kernels = CudaKernels(program, variant)
     host = Host(program, "cuda", kernels.launch, custom_library=variant.gemm == "custom")
