@@ -396,6 +396,60 @@ def release_dead(lines: list[str], keep: set[str]) -> list[str]:
     return out
 
 
+def cat_into_var(cat: str) -> str:
+    return f"CI_{cname(cat)}"
+
+
+def cat_into_plan(program: Program) -> dict[str, tuple[str, int]]:
+    """The parts of concatenations along the channels that their own convolutions can write in place (CUDA):
+    part -> (the cat's value, the part's first channel). A part qualifies where the convolution's output
+    (or, with its pointwise tail as its epilogue, that kernel's) is read by that cat alone, once, is no
+    output of the program, and has a batch dim; the cat is of float32 tensors of rank 3 or more along dim 1.
+    Each such part is written once instead of written and copied (SqueezeNet's fire modules, GoogLeNet's
+    inception modules, DenseNet's layers)."""
+    g = program.graph
+    uses: dict[str, int] = {}
+    for step in program.steps:
+        refs = step.op.refs() if step.op is not None else []
+        if step.kernel is not None:
+            refs = [o.id for o in step.kernel.operands]
+            if step.kernel.epilogue_of is not None:
+                refs = [r for r in refs if r != step.kernel.epilogue_of.out]
+        for r in refs:
+            uses[r] = uses.get(r, 0) + 1
+    for out in g.outputs:
+        uses[out] = uses.get(out, 0) + 2
+    produced: dict[str, Op] = {}  # value -> the convolution writing it
+    for step in program.steps:
+        if step.op is not None and step.op.kind == LIB and step.op.fn in convolution.CONV_FNS:
+            produced[step.op.out] = step.op
+        elif step.kernel is not None and step.kernel.epilogue_of is not None:
+            lib = step.kernel.epilogue_of
+            if lib.fn in convolution.CONV_FNS:
+                produced.pop(lib.out, None)
+                produced[step.kernel.root] = lib
+    plan: dict[str, tuple[str, int]] = {}
+    for step in program.steps:
+        op = step.op
+        if op is None or op.kind != LIB or op.fn != "cat":
+            continue
+        shape = g.values[op.out].shape
+        dim = op.attrs.get("dim")
+        if not isinstance(dim, int) or len(shape) < 3 or dim % len(shape) != 1:
+            continue
+        if g.values[op.out].dtype != "float32" or not all(isinstance(a, Ref) for a in op.args):
+            continue
+        ids = [a.id for a in op.args]
+        offset = 0
+        for part in ids:
+            conv = produced.get(part)
+            batched = conv is not None and len(g.values[conv.args[0].id].shape) == len(shape)
+            if conv is not None and batched and uses.get(part) == 1 and ids.count(part) == 1:
+                plan[part] = (op.out, offset)
+            offset += g.values[part].shape[1]
+    return plan
+
+
 class Host:
     """Writes the body of `forward`: checks, host ops, library calls and kernel launches."""
 
@@ -415,6 +469,17 @@ class Host:
         self.lines: list[str] = []
         # Host helpers the program needs from the back end ("lstm": the recurrent layers, LSTM and GRU).
         self.helpers: set[str] = set()
+        # Parts of concatenations that their own convolutions write in place: part -> (cat, channel offset).
+        self.cat_into: dict[str, tuple[str, int]] = (
+            cat_into_plan(program) if backend == "cuda" and custom_library else {}
+        )
+
+    def into_args(self, part: str) -> str:
+        """The trailing arguments of the convolution producing `part` ("" unless it writes into a cat)."""
+        if part not in self.cat_into:
+            return ""
+        cat, offset = self.cat_into[part]
+        return f", {cat_into_var(cat)}, {offset}"
 
     def scalar_expr(self, a: Any) -> str:
         if isinstance(a, Const):
@@ -497,6 +562,12 @@ class Host:
         if self.backend == "cuda":
             out.append(f"const c10::cuda::CUDAGuard device_guard({first}.device());")
         out.append(f"const auto opts = {first}.options();")
+        for cat in sorted({cat for cat, _ in self.cat_into.values()}):
+            self.helpers.add("cat_into")
+            channels = self.g.values[cat].shape[1]
+            # Through a pointer: a top-level statement that takes an address keeps its tensors to the end.
+            out.append(f"StitchCatInto CB_{cname(cat)}{{{channels}, at::Tensor()}};")
+            out.append(f"StitchCatInto* const {cat_into_var(cat)} = &CB_{cname(cat)};")
         for step in self.p.steps:
             if step.kernel is not None:
                 out.extend(own_function(self.launch(analyze(self.g, step.kernel), self), step.kernel))
@@ -817,6 +888,10 @@ class Host:
             return f"at::scaled_dot_product_attention({t[0]}, {t[1]}, {t[2]}, {mask}, 0.0, {causal}, {scale})"
         if fn == "cat":
             self.helpers.add("cat")
+            written = [isinstance(a, Ref) and self.cat_into.get(a.id, ("",))[0] == op.out for a in op.args]
+            if any(written):
+                flags = ", ".join("true" if w else "false" for w in written)
+                return f"stitch_cat_into(*{cat_into_var(op.out)}, {{{', '.join(t)}}}, {{{flags}}})"
             return f"stitch_cat({{{', '.join(t)}}}, {at['dim']})"
         if fn == "index":
             self.helpers.add("index")
@@ -856,7 +931,8 @@ class Host:
         lists = [at["stride"], lo, hi, at["dilation"], at.get("output_padding", [0] * nd)]
         args = ", ".join(self.int_list([Const(x) for x in v]) for v in lists)
         transposed = str(op.fn.startswith("conv_transpose")).lower()
-        return f"stitch_conv({t[0]}, {t[1]}, {bias}, {args}, {at['groups']}, {transposed})"
+        into = self.into_args(op.out)
+        return f"stitch_conv({t[0]}, {t[1]}, {bias}, {args}, {at['groups']}, {transposed}{into})"
 
     def custom_einsum_expr(self, op: Op, t: list[str]) -> str:
         """A two-operand einsum as one batched GEMM of the synthesizer's kernel (einsum.py)."""

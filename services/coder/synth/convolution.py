@@ -16,11 +16,15 @@ CONV_FNS = frozenset(
 # Both back ends: one convolution's geometry and the input index a kernel tap reads for an output index.
 COMMON = r"""
 // One convolution's sizes, spatial dims padded to three (depth, height, width). `geom` arrays hold the
-// fields in this order: n, c, co, groups, then in, out, k, stride, pad (before), dil of each spatial dim.
+// fields in this order: n, c, co, groups, then in, out, k, stride, pad (before), dil of each spatial dim,
+// then ybatch: the elements between consecutive images of y (co x output positions, or more where y is
+// the convolution's slice of a concatenation along the channels it writes in place: yskip more).
 struct ConvGeom {
   int64_t n, c, co, groups;
   int64_t in[3], out[3], k[3], stride[3], pad[3], dil[3];
+  int64_t ybatch, yskip;
 };
+constexpr int kConvGeomFields = 23;
 
 static ConvGeom conv_geom(const int64_t* v) {
   ConvGeom g;
@@ -36,6 +40,8 @@ static ConvGeom conv_geom(const int64_t* v) {
     g.pad[j] = v[16 + j];
     g.dil[j] = v[19 + j];
   }
+  g.ybatch = v[22];
+  g.yskip = g.ybatch - g.co * g.out[0] * g.out[1] * g.out[2];
   return g;
 }
 
@@ -163,7 +169,7 @@ __WEIGHT__  const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2], plane = O
 #pragma unroll
     for (int j = 0; j < kCo; ++j) {
       const int64_t at = (n * g.co + co0 + j) * plane + pos;
-      y[at] = epi(s[j], at);
+      y[at + n * g.yskip] = epi(s[j], at);
     }
   }
 }
@@ -214,7 +220,7 @@ struct ConvTiles {
   // Along each dim: input extent, GEMM positions (of this phase), output index = ph + os q, input index of
   // tap t = q ast + aoff + t tstep, taps of this phase (cnt) and their kernel index wk0 + wks t.
   I in[3], Q[3], ph[3], os[3], tstep[3], cnt[3], wk0[3], wks[3], kn12, kn2, cn2;
-  I cg, cog, co_all, c12, ctaps, taps, in12, in_plane, plane, OW, OHW, Q2, Q12, QP, M, K, m0, n0, grp;
+  I cg, cog, co_all, ybatch, c12, ctaps, taps, in12, in_plane, plane, OW, OHW, Q2, Q12, QP, M, K, m0, n0, grp;
   I a_base[4], a_d[4], a_h[4], a_w[4];
   int a_k, a_m, b_k, b_n;
   const float* x;
@@ -268,6 +274,7 @@ struct ConvTiles {
     c12 = (cnt[1] > 0 ? cnt[1] : 1) * (cnt[2] > 0 ? cnt[2] : 1);  // a divisor (no taps: K is 0)
     cn2 = cnt[2] > 0 ? cnt[2] : 1;
     co_all = static_cast<I>(g.co);
+    ybatch = static_cast<I>(g.ybatch);
     cg = static_cast<I>(g.c / g.groups);
     cog = static_cast<I>(g.co / g.groups);
     OW = static_cast<I>(g.out[2]);
@@ -342,20 +349,22 @@ struct ConvTiles {
     for (int i = 0; i < BLOADS; ++i) Bs[b_k][b_n + 32 * i] = b_reg[i];
   }
 
-  // Where GEMM row m's output of the group's first channel is in y [N, CO, spatial...]; a channel is a plane
-  // further.
+  // Where GEMM row m's output of the group's first channel is stored in y (images ybatch apart, each
+  // [CO, spatial...]); a channel is a plane further.
   __device__ __forceinline__ I out_row(I m) const {
     const I img = m / QP, pos = m - img * QP;
     const I qd = pos / Q12, qh = (pos - qd * Q12) / Q2, qw = pos - qd * Q12 - qh * Q2;
-    return (img * co_all + grp * cog) * plane + (ph[0] + os[0] * qd) * OHW + (ph[1] + os[1] * qh) * OW +
+    return img * ybatch + grp * cog * plane + (ph[0] + os[0] * qd) * OHW + (ph[1] + os[1] * qh) * OW +
            ph[2] + os[2] * qw;
   }
 
+  // The epilogue takes the element's flat index in [N, CO, spatial...] (dead code, dropped, for StitchNoEpi).
   template <typename Epi>
   __device__ __forceinline__ void put(float* y, const float* bias, I row, I n, float v,
                                       const Epi& epi) const {
     const I at = row + n * plane;
-    y[at] = epi(v + (bias != nullptr ? __ldg(bias + grp * cog + n) : 0.f), at);
+    y[at] = epi(v + (bias != nullptr ? __ldg(bias + grp * cog + n) : 0.f),
+                at - at / ybatch * (ybatch - co_all * plane));
   }
 };
 
@@ -513,7 +522,7 @@ static bool stitch_conv_igemm(const float* x, const float* w, const float* bias,
                     static_cast<unsigned>(grid.z));
   // 32-bit index math (fewer registers) wherever the input, weight and output index in 31 bits.
   const int64_t limit = int64_t{1} << 31;
-  const bool narrow = g.n * g.c * g.in[0] * g.in[1] * g.in[2] < limit && M * g.co < limit &&
+  const bool narrow = g.n * g.c * g.in[0] * g.in[1] * g.in[2] < limit && g.n * g.ybatch < limit &&
                       g.co * K < limit;
   stitch_conv_igemm_pick<kT>(x, w, bias, y, g, blocks, tn, narrow, epi);
   return true;
@@ -595,7 +604,7 @@ __global__ void __launch_bounds__(256) stitch_conv_dw_kernel(const float* __rest
         for (int kh = 0; kh < kh_n; ++kh)
           for (int kw = 0; kw < kw_n; ++kw) s = fmaf(base[kh * dh + kw * dw], taps_s[kh * kw_n + kw], s);
         const int64_t at = (n * g.co + co) * OH * OW + oh * OW + ow;
-        y[at] = epi(s, at);
+        y[at + n * g.yskip] = epi(s, at);
       }
     }
     __syncthreads();
@@ -649,12 +658,16 @@ static void stitch_conv_with(const float* x, const float* w, const float* bias, 
   stitch_conv_direct<kT>(x, w, bias, y, g, epi);
 }
 
-// The epilogue over y in place, a pass of its own: y[i] = epi(y[i], i).
+// The epilogue over y in place, a pass of its own: element i of [N, CO, spatial...] (`image` elements an
+// image) stored yskip further per image.
 template <typename Epi>
-__global__ void __launch_bounds__(256) stitch_conv_epi_pass(float* __restrict__ y, int64_t n, Epi epi) {
+__global__ void __launch_bounds__(256) stitch_conv_epi_pass(float* __restrict__ y, int64_t n, int64_t image,
+                                                            int64_t yskip, Epi epi) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    y[i] = epi(y[i], i);
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t at = i + i / image * yskip;
+    y[at] = epi(y[at], i);
+  }
 }
 
 // A convolution with its epilogue where the epilogue costs least (variant epilogue=auto): inside the stores
@@ -672,9 +685,9 @@ static void stitch_conv_tail(const float* x, const float* w, const float* bias, 
   if (stitch_conv_tc_sm90(x, w, bias, y, geom, g, kT, epi)) return;
 #endif
   if (stitch_conv_igemm<kT>(x, w, bias, y, g, StitchNoEpi{})) {
-    const int64_t n = g.n * g.co * g.out[0] * g.out[1] * g.out[2];
+    const int64_t image = g.co * g.out[0] * g.out[1] * g.out[2], n = g.n * image;
     const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, sm_count() * 16LL));
-    stitch_conv_epi_pass<Epi><<<blocks, 256, 0, stitch::current_stream()>>>(y, n, epi);
+    stitch_conv_epi_pass<Epi><<<blocks, 256, 0, stitch::current_stream()>>>(y, n, image, g.yskip, epi);
     STITCH_LAUNCH_CHECK();
     return;
   }
@@ -693,7 +706,8 @@ CUDA_SM90 = r"""#define STITCH_CONV_SM90 1
 template <typename Epi>
 __global__ void __launch_bounds__(256) stitch_conv_tc_store(const float* __restrict__ src, int64_t n0,
                                                             int64_t S, int64_t CO, int64_t COp,
-                                                            int64_t tiles_s, const float* __restrict__ bias,
+                                                            int64_t tiles_s, int64_t yskip,
+                                                            const float* __restrict__ bias,
                                                             float* __restrict__ y, Epi epi) {
   __shared__ float tile[32][33];
   const int64_t m = blockIdx.y, n = n0 + m;
@@ -709,7 +723,7 @@ __global__ void __launch_bounds__(256) stitch_conv_tc_store(const float* __restr
     const int64_t c = c0 + cc, s = s0 + ss;
     if (c >= CO || s >= S) continue;
     const int64_t at = (n * CO + c) * S + s;
-    y[at] = epi(tile[ss][cc] + (bias != nullptr ? __ldg(bias + c) : 0.f), at);
+    y[at + n * yskip] = epi(tile[ss][cc] + (bias != nullptr ? __ldg(bias + c) : 0.f), at);
   }
 }
 
@@ -755,8 +769,8 @@ static bool stitch_conv_tc_sm90(const float* x, const float* w, const float* bia
   cudaStream_t stream = stitch::current_stream();
   stitch::Scratch staged(static_cast<size_t>(images * S * cop) * sizeof(float), stream);
   float* d = static_cast<float*>(staged.ptr);
-  int64_t part[22];
-  std::copy(geom, geom + 22, part);
+  int64_t part[kConvGeomFields];
+  std::copy(geom, geom + kConvGeomFields, part);
   for (int64_t n0 = 0; n0 < g.n; n0 += images) {
     part[0] = std::min(images, g.n - n0);
     // The first batch's refusal leaves everything to the own kernels; a later one (fewer images, never
@@ -766,7 +780,7 @@ static bool stitch_conv_tc_sm90(const float* x, const float* w, const float* bia
     if (!ran && n0 == 0) return false;
     STITCH_CHECK(ran, "CUTLASS SM90 convolution: a later batch of images refused");
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(part[0]));
-    stitch_conv_tc_store<Epi><<<grid, 256, 0, stream>>>(d, n0, S, g.co, cop, tiles_s, bias, y, epi);
+    stitch_conv_tc_store<Epi><<<grid, 256, 0, stream>>>(d, n0, S, g.co, cop, tiles_s, g.yskip, bias, y, epi);
     STITCH_LAUNCH_CHECK();
   }
   return true;
@@ -790,18 +804,28 @@ HOST_PREPARE = r"""
 // yet written (`out`: y, without the batch dim where the input had none).
 struct StitchConv {
   at::Tensor x, w, bias, y, out;
-  int64_t geom[22];
+  int64_t geom[23];  // ConvGeom's fields (conv_geom)
   bool transposed;
   const float* bias_ptr() const { return bias.defined() ? bias.data_ptr<float>() : nullptr; }
 };
 
+// A concatenation along the channels (dim 1) that some of its parts' convolutions write in place: each such
+// convolution stores into its channels of `buf` (allocated by the first one, `channels` wide), so the part
+// is never copied (stitch_cat_into finishes it with the other parts).
+struct StitchCatInto {
+  int64_t channels;
+  at::Tensor buf;
+};
+
 // Convolution (or, transposed, its adjoint) over 1-3 spatial dims of a [N,] C, spatial... input: zero padding
-// pad_lo before and pad_hi after each dim, output_padding extending a transposed output at its end.
+// pad_lo before and pad_hi after each dim, output_padding extending a transposed output at its end. With
+// `into`: y is channels [offset, offset + CO) of that concatenation (a batched input only).
 StitchConv stitch_conv_prepare(const at::Tensor& x0, const at::Tensor& w0,
                                const c10::optional<at::Tensor>& bias, const std::vector<int64_t>& stride,
                                const std::vector<int64_t>& pad_lo,
                                const std::vector<int64_t>& pad_hi, const std::vector<int64_t>& dil,
-                               const std::vector<int64_t>& out_pad, int64_t groups, bool transposed) {
+                               const std::vector<int64_t>& out_pad, int64_t groups, bool transposed,
+                               StitchCatInto* into = nullptr, int64_t offset = 0) {
   StitchConv c;
   const int64_t nd = w0.dim() - 2;
   const bool batched = x0.dim() == nd + 2;
@@ -830,7 +854,18 @@ StitchConv stitch_conv_prepare(const at::Tensor& x0, const at::Tensor& w0,
     for (int f = 0; f < 6; ++f) geom[4 + 3 * f + j] = fields[f];
     if (d >= 0) out_sizes.push_back(out);
   }
-  c.y = at::empty(out_sizes, x.options());
+  if (into != nullptr && batched) {
+    std::vector<int64_t> whole = out_sizes;
+    whole[1] = into->channels;
+    if (!into->buf.defined()) into->buf = at::empty(whole, x.options());
+    TORCH_CHECK(into->buf.sizes().vec() == whole && offset >= 0 && offset + co <= into->channels,
+                "conv: the output does not fit its slice of the concatenation");
+    c.y = into->buf.narrow(1, offset, co);
+    geom[22] = into->buf.stride(0);
+  } else {
+    c.y = at::empty(out_sizes, x.options());
+    geom[22] = c.y.numel() / std::max<int64_t>(1, x.size(0));
+  }
   c.out = batched ? c.y : c.y.squeeze(0);
   if (bias.has_value()) {
     c.bias = stitch_dense(*bias);
@@ -847,9 +882,10 @@ HOST_PLAIN = r"""
 at::Tensor stitch_conv(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                        const std::vector<int64_t>& stride, const std::vector<int64_t>& pad_lo,
                        const std::vector<int64_t>& pad_hi, const std::vector<int64_t>& dil,
-                       const std::vector<int64_t>& out_pad, int64_t groups, bool transposed) {
-  const StitchConv c =
-      stitch_conv_prepare(x, w, bias, stride, pad_lo, pad_hi, dil, out_pad, groups, transposed);
+                       const std::vector<int64_t>& out_pad, int64_t groups, bool transposed,
+                       StitchCatInto* into = nullptr, int64_t offset = 0) {
+  const StitchConv c = stitch_conv_prepare(x, w, bias, stride, pad_lo, pad_hi, dil, out_pad, groups,
+                                           transposed, into, offset);
   stitch_conv_launch(c.x.data_ptr<float>(), c.w.data_ptr<float>(), c.bias_ptr(), c.y.data_ptr<float>(),
                      c.geom, c.transposed);
   return c.out;

@@ -534,6 +534,11 @@ def library_epilogue_lines(k: Kernel, host: Host, lines: list[str], entry: str, 
     call = f"LP_{k.name}"
     raw = re.compile(rf"\b{re.escape(tensor_var(op.out))}\b")
     body = [raw.sub(f"{call}.out", line) for line in lines]
+    into = host.into_args(k.root)
+    if into:
+        # The output is the convolution's slice of a concatenation, written in place: used as it is.
+        expr = f"{expr[:-1]}{into})"
+        body = [line.replace(f"stitch_dense({call}.out)", f"{call}.out") for line in body]
     lib_args = [
         f"{call}.x.data_ptr<float>()",
         f"{call}.w.data_ptr<float>()",

@@ -861,6 +861,37 @@ __CAT_PRELUDE__  int64_t offset = 0;
 }
 """.replace("__CAT_PRELUDE__", _CAT_PRELUDE)
 
+# A concatenation along dim 1 some of whose parts their convolutions wrote in place (convolution.py's
+# StitchCatInto): the other parts are copied into their slices, and the buffer becomes the result.
+CAT_INTO_CUDA_HOST = r"""
+static at::Tensor stitch_cat_into(StitchCatInto& into, const std::vector<at::Tensor>& parts,
+                                  const std::vector<bool>& written) {
+  at::Tensor out = std::move(into.buf);
+  into.buf = at::Tensor();
+  const int64_t channels = into.channels;
+  TORCH_CHECK(out.defined() && out.dim() >= 2 && out.size(1) == channels,
+              "cat: the concatenation its convolutions write was not allocated");
+  const int64_t rows = out.size(0), inner = out.numel() / std::max<int64_t>(1, rows * channels);
+  int64_t offset = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const at::Tensor& part = parts[i];
+    TORCH_CHECK(part.dim() == out.dim() && part.size(0) == rows && part.numel() == rows * part.size(1) * inner,
+                "cat: sizes differ off the cat dim");
+    if (written[i]) {
+      TORCH_CHECK(part.data_ptr<float>() == out.data_ptr<float>() + offset * inner,
+                  "cat: a part written in place is not at its slice");
+    } else {
+      const at::Tensor p = stitch_dense(part);
+      stitch_cat_launch(p.data_ptr<float>(), out.data_ptr<float>(), rows, p.size(1) * inner, channels * inner,
+                        offset * inner);
+    }
+    offset += part.size(1);
+  }
+  TORCH_CHECK(offset == channels, "cat: the parts do not fill the concatenation");
+  return out;
+}
+"""
+
 
 # ---- indexing by an int64 tensor: index_select, embedding, x[index] ----------------------------------------
 _INDEX_PRELUDE = r"""  if (dim < 0) dim += src.dim();
@@ -1151,6 +1182,8 @@ def host_source(helpers: set[str], backend: str) -> str:
         parts.append(CAUSAL_CUDA_HOST if backend == "cuda" else CAUSAL_CPU)
     if "cat" in helpers:
         parts.append(CAT_CUDA_HOST if backend == "cuda" else CAT_CPU)
+    if "cat_into" in helpers and backend == "cuda":
+        parts.append(CAT_INTO_CUDA_HOST)
     if "index" in helpers:
         parts.append(INDEX_CUDA_HOST if backend == "cuda" else INDEX_CPU)
     if "roll" in helpers:

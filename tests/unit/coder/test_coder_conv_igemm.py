@@ -147,12 +147,16 @@ at::Tensor stitch_conv_tn(const at::Tensor& x, const at::Tensor& w, const c10::o
                           const std::vector<int64_t>& stride, const std::vector<int64_t>& pad,
                           const std::vector<int64_t>& dil, int64_t groups, int64_t tn, bool wide, bool tc,
                           const std::vector<int64_t>& out_pad, bool transposed,
-                          const c10::optional<at::Tensor>& residual) {
+                          const c10::optional<at::Tensor>& residual, int64_t channels, int64_t offset) {
   stitch_residual = residual.has_value() ? residual->data_ptr<float>() : nullptr;
   stitch_tc = tc;
   stitch_tn = tn;
   stitch_wide = wide;
-  return stitch_conv(x, w, bias, stride, pad, pad, dil, out_pad, groups, transposed);
+  if (channels == 0) return stitch_conv(x, w, bias, stride, pad, pad, dil, out_pad, groups, transposed);
+  // Into channels [offset, offset + CO) of a concatenation `channels` wide: the whole buffer back.
+  StitchCatInto into{channels, at::Tensor()};
+  stitch_conv(x, w, bias, stride, pad, pad, dil, out_pad, groups, transposed, &into, offset);
+  return into.buf;
 }
 """
 
@@ -231,9 +235,10 @@ def reference(xs: tuple[int, ...], ws: tuple[int, ...], stride: tuple[int, ...],
 def conv_on_cpu(ext: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stride: tuple[int, ...],
                 pad: tuple[int, ...], dil: tuple[int, ...], groups: int, *, tn: int, wide: bool,
                 tensor_cores: bool, out_pad: tuple[int, ...] | None = None,
-                residual: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                residual: torch.Tensor | None = None, into: tuple[int, int] = (0, 0)) -> torch.Tensor:  # fmt: skip
     """One convolution through the emulated kernels: transposed where `out_pad` is given; with `residual`,
-    the kernels' store goes through the test epilogue tanh(v) / 2 + residual."""
+    the kernels' store goes through the test epilogue tanh(v) / 2 + residual; with `into` (channels, offset),
+    it writes its slice of a concatenation that wide and returns the concatenation."""
     transposed = out_pad is not None
     pads = list(out_pad) if out_pad is not None else [0] * len(stride)
     return ext.stitch_conv_tn(  # type: ignore[no-any-return]
@@ -250,6 +255,7 @@ def conv_on_cpu(ext: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | No
         pads,
         transposed,
         residual,
+        *into,
     )
 
 
@@ -346,3 +352,32 @@ def test_the_epilogue_runs_in_the_store_at_each_elements_flat_index(ext: Any, te
                           out_pad=out_pad, residual=residual)  # fmt: skip
         want = torch.tanh(plain.double()) * 0.5 + residual.double()
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tensor_cores", [False, True], ids=["simt", "3xtf32"])
+def test_a_convolution_writes_its_slice_of_a_concatenation(ext: Any, tensor_cores: bool) -> None:
+    """Into channels [offset, offset + CO) of a wider concatenation (images farther apart than CO planes):
+    every output phase stores there, in 32- and 64-bit index math, and the epilogue still sees each element's
+    flat index in the convolution's own output (a residual read there lands on the right element)."""
+    torch.manual_seed(5)
+    cases = [
+        (xs, ws, stride, pad, None, dil, groups, bias)
+        for xs, ws, stride, pad, dil, groups, bias in GEOMETRIES[:2]
+    ]
+    cases += TRANSPOSED[:1]
+    for xs, ws, stride, pad, out_pad, dil, groups, has_bias in cases:
+        x, w = torch.randn(xs), torch.randn(ws)
+        co = ws[1] * groups if out_pad is not None else ws[0]
+        b = torch.randn(co) if has_bias else None
+        plain = conv_on_cpu(ext, x, w, b, stride, pad, dil, groups, tn=4, wide=False, tensor_cores=tensor_cores,
+                            out_pad=out_pad)  # fmt: skip
+        residual = torch.randn(plain.shape)
+        for wide, offset in ((False, 3), (True, 0)):
+            whole = conv_on_cpu(ext, x, w, b, stride, pad, dil, groups, tn=8, wide=wide,
+                                tensor_cores=tensor_cores, out_pad=out_pad, residual=residual,
+                                into=(co + 5, offset))  # fmt: skip
+            assert whole.shape == (plain.shape[0], co + 5, *plain.shape[2:])
+            want = torch.tanh(plain.double()) * 0.5 + residual.double()
+            got = whole[:, offset : offset + co]
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -239,6 +240,37 @@ static void stitch_conv_launch(const float* x, const float* w, const float* bias
 __HOST__
 """
 
+# A convolution into channels [offset, offset + CO) of a concatenation `channels` wide (the whole buffer back,
+# its other channels zero), through the emulated kernels' stitch_conv_launch.
+INTO = r"""
+at::Tensor stitch_conv_into(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                            const std::vector<int64_t>& stride, const std::vector<int64_t>& pad,
+                            const std::vector<int64_t>& dil, const std::vector<int64_t>& out_pad,
+                            int64_t groups, bool transposed, int64_t channels, int64_t offset) {
+  StitchCatInto into{channels, at::Tensor()};
+  stitch_conv_prepare(x, w, bias, stride, pad, pad, dil, out_pad, groups, transposed, &into, 0);
+  into.buf.zero_();
+  const StitchConv c = stitch_conv_prepare(x, w, bias, stride, pad, pad, dil, out_pad, groups, transposed,
+                                           &into, offset);
+  stitch_conv_launch(c.x.data_ptr<float>(), c.w.data_ptr<float>(), c.bias_ptr(), c.y.data_ptr<float>(),
+                     c.geom, c.transposed);
+  return into.buf;
+}
+"""
+
+
+def assert_into_matches(ext: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, args: tuple[Any, ...],
+                        want: torch.Tensor) -> None:  # fmt: skip
+    """The convolution written into channels 2.. of a concatenation 3 channels wider than it: its slice holds
+    the convolution, every other channel stays zero."""
+    stride, pad, dil, out_pad, groups, transposed = args
+    co = want.shape[1]
+    whole = ext.stitch_conv_into(x, w, b, stride, pad, dil, out_pad, groups, transposed, co + 3, 2)
+    assert whole.shape == (want.shape[0], co + 3, *want.shape[2:])
+    torch.testing.assert_close(whole[:, 2 : 2 + co].double(), want, rtol=1e-5, atol=1e-5)
+    assert not whole[:, :2].any() and not whole[:, 2 + co :].any()
+
+
 # (transposed, x shape, weight shape, stride, padding, output_padding, dilation, groups, bias)
 GEOMETRIES = [
     (False, (2, 4, 5, 7, 9), (8, 2, 3, 2, 3), (1, 2, 1), (1, 0, 2), (0, 0, 0), (2, 1, 1), 2, True),
@@ -259,12 +291,12 @@ def test_cuda_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path) -> N
     source = (
         CUDA_ON_CPU.replace("__COMMON__", convolution.COMMON)
         .replace("__KERNEL__", kernel)
-        .replace("__HOST__", libops.DENSE_CPU + convolution.HOST)
+        .replace("__HOST__", libops.DENSE_CPU + convolution.HOST + INTO)
     )
     ext = cpp_extension.load_inline(  # type: ignore[no-untyped-call]
         name="stitch_conv_cuda_on_cpu",
         cpp_sources=[source],
-        functions=["stitch_conv"],
+        functions=["stitch_conv", "stitch_conv_into"],
         extra_cflags=["-O1"],
         build_directory=str(tmp_path),
     )
@@ -283,6 +315,7 @@ def test_cuda_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path) -> N
             want = getattr(functional, f"conv{nd}d")(x64, w64, b64, stride, pad, dil, groups)
         assert got.shape == want.shape
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+        assert_into_matches(ext, x, w, b, (stride, pad, dil, out_pad, groups, transposed), want)
 
 
 # The depthwise kernel's text on the CPU: one "thread" stages each tile and computes its outputs (the kernel's
@@ -323,12 +356,12 @@ def test_depthwise_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path)
     source = (
         DW_ON_CPU.replace("__COMMON__", convolution.COMMON)
         .replace("__KERNEL__", kernel)
-        .replace("__HOST__", libops.DENSE_CPU + convolution.HOST)
+        .replace("__HOST__", libops.DENSE_CPU + convolution.HOST + INTO)
     )
     ext = cpp_extension.load_inline(  # type: ignore[no-untyped-call]
         name="stitch_conv_dw_on_cpu",
         cpp_sources=[source],
-        functions=["stitch_conv"],
+        functions=["stitch_conv", "stitch_conv_into"],
         extra_cflags=["-O1"],
         build_directory=str(tmp_path),
     )
@@ -341,3 +374,4 @@ def test_depthwise_kernel_text_emulated_on_the_cpu_matches_torch(tmp_path: Path)
         )
         assert got.shape == want.shape
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+        assert_into_matches(ext, x, w, b, (stride, pad, dil, (0, 0), xs[1], False), want)
