@@ -932,7 +932,8 @@ class Host:
         args = ", ".join(self.int_list([Const(x) for x in v]) for v in lists)
         transposed = str(op.fn.startswith("conv_transpose")).lower()
         into = self.into_args(op.out)
-        return f"stitch_conv({t[0]}, {t[1]}, {bias}, {args}, {at['groups']}, {transposed}{into})"
+        call = "stitch_conv_to" if into else "stitch_conv"
+        return f"{call}({t[0]}, {t[1]}, {bias}, {args}, {at['groups']}, {transposed}{into})"
 
     def custom_einsum_expr(self, op: Op, t: list[str]) -> str:
         """A two-operand einsum as one batched GEMM of the synthesizer's kernel (einsum.py)."""

@@ -879,16 +879,24 @@ StitchConv stitch_conv_prepare(const at::Tensor& x0, const at::Tensor& w0,
 """
 
 HOST_PLAIN = r"""
-at::Tensor stitch_conv(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                       const std::vector<int64_t>& stride, const std::vector<int64_t>& pad_lo,
-                       const std::vector<int64_t>& pad_hi, const std::vector<int64_t>& dil,
-                       const std::vector<int64_t>& out_pad, int64_t groups, bool transposed,
-                       StitchCatInto* into = nullptr, int64_t offset = 0) {
+// A convolution without epilogue; `into`: into its channels [offset, offset + CO) of that concatenation.
+at::Tensor stitch_conv_to(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                          const std::vector<int64_t>& stride, const std::vector<int64_t>& pad_lo,
+                          const std::vector<int64_t>& pad_hi, const std::vector<int64_t>& dil,
+                          const std::vector<int64_t>& out_pad, int64_t groups, bool transposed,
+                          StitchCatInto* into, int64_t offset) {
   const StitchConv c = stitch_conv_prepare(x, w, bias, stride, pad_lo, pad_hi, dil, out_pad, groups,
                                            transposed, into, offset);
   stitch_conv_launch(c.x.data_ptr<float>(), c.w.data_ptr<float>(), c.bias_ptr(), c.y.data_ptr<float>(),
                      c.geom, c.transposed);
   return c.out;
+}
+
+at::Tensor stitch_conv(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                       const std::vector<int64_t>& stride, const std::vector<int64_t>& pad_lo,
+                       const std::vector<int64_t>& pad_hi, const std::vector<int64_t>& dil,
+                       const std::vector<int64_t>& out_pad, int64_t groups, bool transposed) {
+  return stitch_conv_to(x, w, bias, stride, pad_lo, pad_hi, dil, out_pad, groups, transposed, nullptr, 0);
 }
 """
 

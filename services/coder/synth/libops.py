@@ -875,8 +875,9 @@ static at::Tensor stitch_cat_into(StitchCatInto& into, const std::vector<at::Ten
   int64_t offset = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
     const at::Tensor& part = parts[i];
-    TORCH_CHECK(part.dim() == out.dim() && part.size(0) == rows && part.numel() == rows * part.size(1) * inner,
-                "cat: sizes differ off the cat dim");
+    TORCH_CHECK(part.dim() == out.dim(), "cat: parts of different ranks");
+    for (int64_t d = 0; d < out.dim(); ++d)
+      TORCH_CHECK(d == 1 || part.size(d) == out.size(d), "cat: sizes differ off the cat dim");
     if (written[i]) {
       TORCH_CHECK(part.data_ptr<float>() == out.data_ptr<float>() + offset * inner,
                   "cat: a part written in place is not at its slice");

@@ -103,7 +103,7 @@ def test_both_expand_convolutions_write_their_channels_of_the_cat(synth: Synthes
 
 def test_a_dense_layer_copies_its_input_and_writes_its_new_features(synth: Synthesizer) -> None:
     forward = forward_of(program(synth, DENSE))
-    assert re.search(r"stitch_conv\(T_x, .*, 1, false, CI_cat, 8\);", forward)
+    assert re.search(r"stitch_conv_to\(T_x, .*, 1, false, CI_cat, 8\);", forward)
     assert "stitch_cat_into(*CI_cat, {T_x, T_l0}, {false, true})" in forward
 
 
