@@ -190,3 +190,38 @@ def test_epilogues_inside_the_store_match(synth: Synthesizer, name: str, epilogu
     )
     assert "_prepare(" in synthesis.files["forward.cpp"].split(" forward(")[-1]
     compare(source, synthesis.files["model_new.py"])
+
+
+# Convolutions writing their channels of a concatenation in place (the default program): a shared squeeze
+# convolution (read twice: not a part), expand convolutions through the implicit GEMM (with its epilogue as a
+# pass over the slice) and Hopper's kernel (epilogue in its store), a direct one (4 output channels), and a
+# part that is copied (the input).
+FIRE_CAT = """import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.squeeze = nn.Conv2d(128, 16, 1)
+        self.expand1x1 = nn.Conv2d(16, 48, 1)
+        self.expand3x3 = nn.Conv2d(16, 64, 3, padding=1)
+        self.narrow = nn.Conv2d(128, 4, 1)
+
+    def forward(self, x):
+        s = torch.relu(self.squeeze(x))
+        return torch.cat([torch.relu(self.expand1x1(s)), x, torch.tanh(self.expand3x3(s)), self.narrow(x)], 1)
+
+def get_inputs():
+    return [torch.randn(8, 128, 64, 64)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("conv_kernel", ["cutlass_sm90", "own"])
+def test_convolutions_write_their_slices_of_a_concatenation(synth: Synthesizer, conv_kernel: str) -> None:
+    synthesis = build_source(synth, FIRE_CAT, Variant(gemm="custom", conv_kernel=conv_kernel))
+    forward = synthesis.files["forward.cpp"].split(" forward(")[-1]
+    assert "stitch_cat_into(*CI_cat, {" in forward and "{true, false, true, true})" in forward
+    compare(FIRE_CAT, synthesis.files["model_new.py"])
