@@ -71,7 +71,8 @@ __STORE__
 
 // which 0: the input [N, C, S] and the weight `other` [CO, C, T] split as [N, S, Cp] and [COp, T, Cp] by the
 // unit's stitch_conv_split (1: a transposed convolution's weight [C, CO, T]); 2: the channels-last
-// [N, S, COp] stored as [N, CO, S] with bias `other` and (epi) the epilogue.
+// [N, S, COp] stored as [N, CO, S] with bias `other` and (epi) the epilogue, into channels padded.. of a
+// concatenation [N, CO + 2 padded, S] (its other channels NaN).
 std::vector<at::Tensor> stitch_conv_layout(int64_t which, const at::Tensor& t,
                                            const c10::optional<at::Tensor>& other, int64_t channels,
                                            int64_t padded, bool epi) {
@@ -86,18 +87,18 @@ std::vector<at::Tensor> stitch_conv_layout(int64_t which, const at::Tensor& t,
                       ws.data_ptr<float>(), nullptr);
     return {xs, ws};
   }
-  const int64_t N = t.size(0), S = t.size(1), COp = t.size(2), CO = channels;
-  at::Tensor y = at::full({N, CO, S}, NAN, t.options());
-  float* dst = y.data_ptr<float>();
+  const int64_t N = t.size(0), S = t.size(1), COp = t.size(2), CO = channels, yskip = 2 * padded * S;
+  at::Tensor y = at::full({N, CO + 2 * padded, S}, NAN, t.options());
+  float* dst = y.data_ptr<float>() + padded * S;
   const float* b = other.has_value() ? other->data_ptr<float>() : nullptr;
   const int64_t tiles_s = (S + 31) / 32, tiles = ((CO + 31) / 32) * tiles_s;
   // Two batches of images (as the launcher runs a large convolution), the second from image n0.
   const int64_t first = (N + 1) / 2;
-  stitch_grid(tiles, first, [=] { stitch_conv_tc_store(src, 0, S, CO, COp, tiles_s, b, dst, StitchTestEpi{epi}); });
+  stitch_grid(tiles, first, [=] { stitch_conv_tc_store(src, 0, S, CO, COp, tiles_s, yskip, b, dst, StitchTestEpi{epi}); });
   if (N > first) {
     const float* rest = src + first * S * COp;
     stitch_grid(tiles, N - first,
-                [=] { stitch_conv_tc_store(rest, first, S, CO, COp, tiles_s, b, dst, StitchTestEpi{epi}); });
+                [=] { stitch_conv_tc_store(rest, first, S, CO, COp, tiles_s, yskip, b, dst, StitchTestEpi{epi}); });
   }
   return {y};
 }
@@ -185,7 +186,12 @@ def test_split_convolution_and_store_match_torch(ext: Any, geometry: tuple[Any, 
     d = conv(xs_nc, ws_nc, stride=stride, padding=padding, dilation=dilation).float()
     out_spatial = d.shape[2:]
     d_last = d.movedim(1, -1).reshape(n, -1, cop).contiguous()
-    y = ext.stitch_conv_layout(2, d_last, bias, co, 0, epi)[0].reshape(n, co, *out_spatial)
+    # Into channels 2.. of a concatenation 4 channels wider where the epilogue runs (its flat index is the
+    # convolution's own): the others stay untouched.
+    extra = 2 if epi else 0
+    whole = ext.stitch_conv_layout(2, d_last, bias, co, extra, epi)[0]
+    assert whole[:, :extra].isnan().all() and whole[:, extra + co :].isnan().all()
+    y = whole[:, extra : extra + co].reshape(n, co, *out_spatial)
 
     want = conv(
         x.double(), w.double(), bias.double() if bias is not None else None, stride, padding, dilation
