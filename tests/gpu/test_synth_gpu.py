@@ -304,3 +304,48 @@ def test_sm90_gemm_of_operands_past_the_split_limit_runs_in_panels(synth: Synthe
         pytest.skip("needs compute capability 9.0 (H100/H200)")
     synthesis = build_source(synth, SM90_PANELS, Variant(gemm="custom", gemm_kernel="cutlass_sm90"))
     compare(SM90_PANELS, synthesis.files["model_new.py"])
+
+
+# A network of many small layers (48 launches): the default program replays its calls from a CUDA graph.
+DEEP_BN = """import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(*[
+            nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU()) for _ in range(8)
+        ])
+
+    def forward(self, x):
+        return self.layers(x).mean(dim=(2, 3))
+
+def get_inputs():
+    return [torch.randn(4, 16, 24, 24)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_graph_replay_runs_each_call_once_on_its_inputs(synth: Synthesizer) -> None:
+    """Calls 2.. replay a CUDA graph: each output matches the reference on that call's inputs, and the
+    training-mode batch norms' running statistics after five calls match the reference's (each call ran once)."""
+    synthesis = build_source(synth, DEEP_BN, Variant())
+    assert "self._stitch_replay([x], [" in synthesis.files["model_new.py"]
+    compare(DEEP_BN, synthesis.files["model_new.py"])
+    ns: dict[str, Any] = {"__name__": "reference"}
+    exec(compile(DEEP_BN, "reference.py", "exec"), ns)
+    mn: dict[str, Any] = {"__name__": "model_new"}
+    exec(compile(synthesis.files["model_new.py"], "model_new.py", "exec"), mn)
+    torch.manual_seed(0)
+    ref = ns["Model"]().cuda()
+    torch.manual_seed(0)
+    new = mn["ModelNew"]().cuda()
+    with torch.no_grad():
+        for i in range(5):
+            x = torch.randn(4, 16, 24, 24, device="cuda") * (i + 1)
+            torch.testing.assert_close(new(x), ref(x), rtol=1e-4, atol=1e-4)
+    assert new._stitch_graph is not None
+    for (name, got), (_, want) in zip(new.state_dict().items(), ref.state_dict().items(), strict=True):
+        torch.testing.assert_close(got.float(), want.float(), rtol=1e-4, atol=1e-4, msg=name)

@@ -879,7 +879,7 @@ static at::Tensor stitch_cat_into(StitchCatInto& into, const std::vector<at::Ten
     for (int64_t d = 0; d < out.dim(); ++d)
       TORCH_CHECK(d == 1 || part.size(d) == out.size(d), "cat: sizes differ off the cat dim");
     if (written[i]) {
-      TORCH_CHECK(part.data_ptr<float>() == out.data_ptr<float>() + offset * inner,
+      TORCH_CHECK(part.is_alias_of(out) && part.storage_offset() == out.storage_offset() + offset * inner,
                   "cat: a part written in place is not at its slice");
     } else {
       const at::Tensor p = stitch_dense(part);

@@ -168,6 +168,41 @@ def _baked_guards(baked: dict[str, int]) -> list[ast.stmt]:
     return ast.parse("\n".join(lines)).body
 
 
+# ModelNew's calls replayed from a CUDA graph (graph_pays): inputs copied in and outputs copied out on every
+# call, the graph captured on the second call with the first call's shapes (the first runs the extension
+# directly: lazy initialisation, device probes), so each call runs every kernel exactly once (a training-mode
+# batch norm's running statistics move once a call, as the reference's do).
+REPLAY_METHODS = '''
+    def _stitch_replay(self, inputs, state):
+        """ext.forward(*inputs, *state) (the forward's tensors, the model's tensors and settings), replayed
+        from a CUDA graph once a call repeats the previous call's shapes, strides and devices with the same
+        model tensors. The inputs are copied into the graph's own buffers on every call and the outputs copied
+        out, so a call costs two copies and one launch of the graph, not the host work of every launch."""
+        shapes = [(t.shape, t.stride(), t.dtype, t.device) for t in inputs]
+        known = getattr(self, "_stitch_shapes", None)
+        held = getattr(self, "_stitch_state", None)
+        same = known == shapes and held is not None and all(a is b for a, b in zip(held, state))
+        if not same:
+            self._stitch_shapes = shapes
+            self._stitch_state = state
+            self._stitch_graph = None
+            return ext.forward(*inputs, *state)
+        if self._stitch_graph is None:
+            self._stitch_inputs = [torch.empty_like(t) for t in inputs]
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="relaxed"):
+                self._stitch_outputs = ext.forward(*self._stitch_inputs, *state)
+            self._stitch_graph = graph
+        for i, t in enumerate(inputs):
+            self._stitch_inputs[i].copy_(t)
+        self._stitch_graph.replay()
+        outputs = self._stitch_outputs
+        if isinstance(outputs, torch.Tensor):
+            return outputs.clone()
+        return tuple(o.clone() for o in outputs)
+'''
+
+
 def forward_args(ref: Reference) -> list[str]:
     fn = ref.forward
     if fn.args.vararg or fn.args.kwarg or fn.args.kwonlyargs or fn.args.posonlyargs:
@@ -187,8 +222,10 @@ def build_source(
     ext_name: str,
     doc: str,
     baked: dict[str, int] | None = None,
+    replay: bool = False,
 ) -> str:
     """model_new.py; with graph=None the forward is a stub (used to check the constructor alone).
+    `replay`: the forward replays the extension's calls from a CUDA graph (REPLAY_METHODS).
 
     literals=None leaves module-level names as they are (the tracing process supplies them).
     `baked`: int attributes the kernels were generated around; the constructor refuses other values.
@@ -290,13 +327,18 @@ def build_source(
         call_args += [attribute_expr(a.path) for a in attrs]
         signature = ast.unparse(ref.forward.args)
         returns = f" -> {ast.unparse(ref.forward.returns)}" if ref.forward.returns is not None else ""
-        fwd = "\n".join(
-            [
-                f"    def forward({signature}){returns}:",
-                "        # All the work happens in the extension's fused kernels.",
-                f"        return ext.forward({', '.join(call_args)})",
-            ]
-        )
+        if replay:
+            n = len(graph.inputs)
+            call = f"self._stitch_replay([{', '.join(call_args[:n])}], [{', '.join(call_args[n:])}])"
+            note = (
+                "        # All the work happens in the extension's fused kernels, replayed from a CUDA graph."
+            )
+        else:
+            call = f"ext.forward({', '.join(call_args)})"
+            note = "        # All the work happens in the extension's fused kernels."
+        fwd = "\n".join([f"    def forward({signature}){returns}:", note, f"        return {call}"])
+        if replay:
+            fwd += "\n" + REPLAY_METHODS.rstrip()
     cls = ["class ModelNew(torch.nn.Module):"]
     cls += ["    " + ast.unparse(stmt) for stmt in class_attrs] + ([""] if class_attrs else [])
     for text in init_text:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from stitchcuda.api.v1 import code_pb2, jobs_pb2, plan_pb2
 from stitchcuda.coder.synth import cpu
 from stitchcuda.coder.synth.fusion import Program, schedule
-from stitchcuda.coder.synth.ir import FLIP, SCAN, TRI, Graph, Unsupported
+from stitchcuda.coder.synth.ir import FLIP, RANDOM, SCAN, TRI, Graph, Unsupported
 from stitchcuda.coder.synth.modelnew import build_source
 from stitchcuda.coder.synth.normalize import normalize
 from stitchcuda.coder.synth.runtime import HEADER, HEADER_NAME
@@ -163,6 +163,9 @@ class Synthesizer:
             f"ModelNew synthesized by StitchCUDA's built-in coder ({backend}): "
             f"{len(program.kernels)} fused kernel(s) in extension {ext_name}."
         )
+        replay = backend == "cuda" and variant.graph == "auto" and graph_pays(program)
+        if replay:
+            features.add("graph")
         model_new = build_source(
             reference_source,
             graph,
@@ -171,6 +174,7 @@ class Synthesizer:
             ext_name=ext_name,
             doc=doc,
             baked=trace.baked_ints,
+            replay=replay,
         )
         files = {ENTRY: model_new, HEADER_NAME: HEADER, **sources}
         build = code_pb2.BuildManifest(
@@ -188,6 +192,40 @@ class Synthesizer:
         synthesis = Synthesis(files, build, variant, rationale, summary, sorted(features))
         validate(to_candidate(synthesis))
         return synthesis
+
+
+# What a CUDA graph's replay saves and costs, roughly: a launch's host work (checks, descriptors, allocation,
+# the launch itself: a few microseconds each, the GPU idle meanwhile where kernels are short) against copying
+# the inputs in and the outputs out (read and write, at about 2 TB/s).
+LAUNCH_HOST_S = 4e-6
+COPY_BYTES_PER_S = 1e12
+# The fewest launches worth a graph, and launches a recurrent layer's host loop counts as (one per time step).
+GRAPH_MIN_LAUNCHES = 16
+RECURRENT_LAUNCHES = 64
+
+
+def graph_pays(program: Program) -> bool:
+    """Whether replaying the program from a CUDA graph pays: many launches (a network's layers, a recurrent
+    layer's time steps) over inputs and outputs small enough that copying them costs under half what the
+    launches' host work does. Never for random numbers (each call must draw new ones)."""
+    g = program.graph
+    if any(g.values[i].kind != "tensor" for i, _ in g.inputs):
+        return False  # the replay keys on the inputs' shapes (a number among them would be a new graph)
+    launches = 0
+    for step in program.steps:
+        if step.kernel is not None:
+            launches += 1
+        elif step.op is not None and step.op.kind == RANDOM:
+            return False
+        elif step.op is not None and step.op.kind == "lib":
+            launches += RECURRENT_LAUNCHES if step.op.fn in ("lstm", "gru") else 2
+        elif step.op is not None and step.op.kind in (SCAN, FLIP, TRI):
+            launches += 1
+    if launches < GRAPH_MIN_LAUNCHES:
+        return False
+    tensors = [g.values[i] for i, _ in g.inputs] + [g.values[o] for o in g.outputs]
+    moved = sum(v.numel * 4 for v in tensors if v.kind == "tensor")
+    return bool(moved / COPY_BYTES_PER_S < launches * LAUNCH_HOST_S / 2)
 
 
 def within_policy(variant: Variant, policy: KernelPolicy) -> Variant:

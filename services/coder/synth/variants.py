@@ -53,6 +53,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     # Not inside the implicit GEMM's store by default: the convolutions measured on the H200 ran slower so
     # (problem 4: 46.2 ms vs 37.7 ms, problem 5: 24.8 ms vs 23.4 ms, 3xTF32 kernels); tuning tries it.
     "epilogue": ("auto", "kernel", "fused"),
+    # The CUDA program's calls replayed from a CUDA graph (modelnew.py, `_stitch_replay`): auto, where its
+    # launches outnumber what copying its inputs in and its outputs out costs (graph_pays); off, never.
+    "graph": ("auto", "off"),
     # Accumulator of sums: auto (double on CPU and for split reductions, float otherwise), float, double.
     "acc": ("auto", "double", "float"),
     # Split long reductions over several blocks/threads when there are few rows.
@@ -75,6 +78,7 @@ class Variant:
     gemm_kernel: str = "cutlass_sm90"
     conv_kernel: str = "cutlass_sm90"
     epilogue: str = "auto"
+    graph: str = "auto"
     acc: str = "auto"
     split: str = "auto"
     grain: str = "32768"
@@ -119,6 +123,7 @@ RELEVANT: dict[str, frozenset[str]] = {
     "gemm_kernel": frozenset({"gemm"}),
     "conv_kernel": frozenset({"conv"}),
     "epilogue": frozenset({"gemm", "conv"}),
+    "graph": frozenset({"graph"}),
 }
 
 
@@ -183,6 +188,8 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
                     "mismatch: GEMM/convolution epilogues as kernels of their own",
                 )
             )
+        if cuda and previous.graph != "off":
+            out.append((previous.with_(graph="off"), "mismatch: every call launched, no CUDA graph"))
         if previous.fusion != "none":
             out.append((previous.with_(fusion="none"), "mismatch: isolate the ops in separate kernels"))
         if previous.vec != "1":
@@ -236,6 +243,8 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
                             f"GEMM/convolution epilogues {where.get(other, 'inside every store')}, measured",
                         )
                     )
+        other = "off" if previous.graph == "auto" else "auto"
+        out.append((previous.with_(graph=other), f"CUDA graph replay {other}, measured"))
         if previous.gemm_bias != "epilogue":
             out.append((previous.with_(gemm_bias="epilogue"), "bias fused into the epilogue kernel"))
         if previous.conv_bias != "library" and previous.gemm != "custom":

@@ -18,6 +18,7 @@ from stitchcuda.coder.synth.synthesizer import Synthesizer, to_candidate
 from stitchcuda.coder.synth.variants import Variant
 from stitchcuda.shared.candidate import write_dir
 from stitchcuda.shared.policy import LIBRARY, STRICT, KernelPolicy
+from stitchcuda.verifier import static
 
 # A fire module: a squeeze convolution read by two expand convolutions (not a cat's part), whose activated
 # outputs are concatenated; a dense layer's cat of its input with a new feature map.
@@ -99,6 +100,14 @@ def test_both_expand_convolutions_write_their_channels_of_the_cat(synth: Synthes
     assert "stitch_cat(" not in forward
     # The slice is used as it is (a contiguous copy of it would take the convolution's store).
     assert forward.count("stitch_dense(LP_") == 1
+
+
+def test_the_verifiers_static_scan_accepts_the_in_place_parts(synth: Synthesizer) -> None:
+    synthesis = synth.synthesize(FIRE, None, variant=Variant(), device="cuda", policy=KernelPolicy(STRICT))
+    findings = static.scan(to_candidate(synthesis), FIRE)
+    assert not [f for f in findings if f.severity >= 3], [
+        (f.rule, f.detail) for f in findings if f.severity >= 3
+    ]
 
 
 def test_a_dense_layer_copies_its_input_and_writes_its_new_features(synth: Synthesizer) -> None:
