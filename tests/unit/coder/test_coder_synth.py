@@ -57,12 +57,18 @@ def check_model_new(ref: str, cand: code_pb2.Candidate) -> None:
     fwd = forward_of(model_new, "ModelNew")
     ref_fwd = forward_of(ref, "Model")
     assert [a.arg for a in fwd.args.args] == [a.arg for a in ref_fwd.args.args]
-    # forward is exactly `return ext.forward(<names and attributes>)`.
+    # forward is exactly `return ext.forward(<names and attributes>)`, or, replayed from a CUDA graph,
+    # `return self._stitch_replay([<the inputs>], [<the model's tensors and settings>])`.
     body = [s for s in fwd.body if not isinstance(s, ast.Expr)]
     assert len(body) == 1 and isinstance(body[0], ast.Return)
     call = body[0].value
-    assert isinstance(call, ast.Call) and ast.unparse(call.func) == "ext.forward"
-    for arg in call.args:
+    assert isinstance(call, ast.Call) and ast.unparse(call.func) in ("ext.forward", "self._stitch_replay")
+    args = call.args
+    if ast.unparse(call.func) == "self._stitch_replay":
+        assert len(args) == 2 and all(isinstance(a, ast.List) for a in args), ast.unparse(call)
+        assert [ast.unparse(a) for a in args[0].elts] == [a.arg for a in ref_fwd.args.args[1:]]  # type: ignore[attr-defined]
+        args = [*args[0].elts, *args[1].elts]  # type: ignore[attr-defined]
+    for arg in args:
         assert isinstance(arg, ast.Name | ast.Attribute), ast.unparse(arg)
     # Besides ext.forward, only self.get_submodule("<path>") (parameters of numbered submodules).
     calls = [n for n in ast.walk(fwd) if isinstance(n, ast.Call) and n is not call]
