@@ -170,6 +170,10 @@ def proposals(previous: Variant, verdict: verify_pb2.Verdict, *, cuda: bool) -> 
             )
         out.append((previous.with_(vec="1", fusion="none"), "the build failed: one kernel per op"))
         return out
+    failed_run = rules & {"D1.crash", "D10.memory"}
+    if cuda and verdict.compiled and failed_run and previous.graph != "off":
+        # A run that crashed or outgrew its memory: first without the CUDA graph (its capture, its own pool).
+        out.append((previous.with_(graph="off"), f"{min(failed_run)}: every call launched, no CUDA graph"))
     if verdict.compiled and not verdict.correct:
         worst = verdict.correctness.max_rel_l2
         tol = verdict.correctness.tolerance

@@ -164,3 +164,15 @@ def test_nothing_left_to_try() -> None:
     v.build.error = "error"
     previous = {**Variant(vec="1").as_map(), "tried": "default;vec=1,fusion=none"}
     assert next_variants(previous, v, cuda=True, count=4) == []
+
+
+def test_a_crashed_run_steps_back_from_the_cuda_graph_first() -> None:
+    """A CUDA run that crashed (or outgrew its memory) under the default graph=auto tries graph=off next, and
+    a program without a graph (the feature absent) never gets the proposal."""
+    for rule in ("D1.crash", "D10.memory"):
+        v = verdict(compiled=True, correct=False, reason="rejected")
+        v.findings.add(rule=rule, severity=verify_pb2.SEVERITY_REJECT, detail="run failed")
+        picks = next_variants({**Variant().as_map(), "features": "conv,graph"}, v, cuda=True, count=2)
+        assert picks[0][0] == Variant(graph="off") and rule in picks[0][1]
+        without = next_variants({**Variant().as_map(), "features": "conv"}, v, cuda=True, count=5)
+        assert all(p.graph == "auto" for p, _ in without)
