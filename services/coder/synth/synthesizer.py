@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -163,7 +164,9 @@ class Synthesizer:
             f"ModelNew synthesized by StitchCUDA's built-in coder ({backend}): "
             f"{len(program.kernels)} fused kernel(s) in extension {ext_name}."
         )
-        replay = backend == "cuda" and variant.graph == "auto" and graph_pays(program)
+        replay = (
+            backend == "cuda" and variant.graph == "auto" and graph_pays(program) and capture_safe(sources)
+        )
         if replay:
             features.add("graph")
         model_new = build_source(
@@ -226,6 +229,20 @@ def graph_pays(program: Program) -> bool:
     tensors = [g.values[i] for i, _ in g.inputs] + [g.values[o] for o in g.outputs]
     moved = sum(v.numel * 4 for v in tensors if v.kind == "tensor")
     return bool(moved / COPY_BYTES_PER_S < launches * LAUNCH_HOST_S / 2)
+
+
+# Host calls that wait for the device or read device data (not allowed while a stream is captured, and a
+# graph would replay without them): the host program's, where it calls ATen (the kernels' units launch only;
+# Hopper's device probe runs once, before any capture, and checks for one).
+_SYNCING = re.compile(
+    r"\.item\s*[<(]|\.cpu\s*\(|\.to\s*\(\s*(?:at::)?kCPU|\btolist\b|\bnonzero\b|\bmasked_select\b"
+    r"|\bat::unique\w*|_local_scalar_dense|\bcudaMemcpy\s*\(|Synchronize\s*\("
+)
+
+
+def capture_safe(sources: dict[str, str]) -> bool:
+    """Whether the host program (forward.cpp) runs nothing a stream capture forbids."""
+    return not _SYNCING.search(sources.get("forward.cpp", ""))
 
 
 def within_policy(variant: Variant, policy: KernelPolicy) -> Variant:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from stitchcuda.coder.synth.synthesizer import Synthesizer, to_candidate
+from stitchcuda.coder.synth.synthesizer import Synthesizer, capture_safe, to_candidate
 from stitchcuda.coder.synth.variants import Variant
 from stitchcuda.shared.policy import STRICT, KernelPolicy
 from stitchcuda.verifier import static
@@ -172,3 +172,21 @@ def test_the_verifiers_static_scan_accepts_the_replay(synth: Synthesizer) -> Non
         (f.rule, f.detail) for f in findings if f.severity >= 3
     ]
     assert {f.rule for f in findings} >= {"D11.cuda-graph"}
+
+
+@pytest.mark.parametrize(
+    ("line", "safe"),
+    [
+        ("at::Tensor T_y = at::empty({4}, opts);", True),
+        ("const float s = T_x.sum().item<float>();", False),
+        ("at::Tensor T_i = at::nonzero(T_m);", False),
+        ("STITCH_CUDA_CHECK(cudaMemcpy(&n, p, 8, cudaMemcpyDeviceToHost));", False),
+        ("STITCH_CUDA_CHECK(cudaStreamSynchronize(stream));", False),
+        ("at::Tensor T_c = T_x.cpu();", False),
+    ],
+)
+def test_a_host_program_that_waits_for_the_device_is_not_captured(line: str, safe: bool) -> None:
+    assert (
+        capture_safe({"forward.cpp": f"void forward() {{\n  {line}\n}}\n", "kernels.cu": "cudaMemcpy("})
+        is safe
+    )
