@@ -1,6 +1,6 @@
 # Stop 40, one device call: GPU tests (TESTS, -k K), then benchmarks/variant_speed.py over VS_PROBLEMS with
-# VS_VARIANTS (VS_S seconds), then `stitchcuda bench` over each of PATTERNS in turn (the Verifier's verdicts,
-# strict policy, one round) with what is left of CALL_S.
+# VS_VARIANTS (VS_S seconds; VS_ARGS passed on, since stop 41), then `stitchcuda bench` over each of PATTERNS
+# in turn (the Verifier's verdicts, strict policy, one round) with what is left of CALL_S.
 # Run from the repository root of the device copy, with .clean/ a `git archive` of the commit, .whl/ the
 # wheels of benchmarks/device_env.sh and .kb/ the public KernelBench problems: carry [".whl", ".kb", ".clean"]
 # (and ".prev" to go on from an earlier call's bench.tgz).
@@ -15,7 +15,7 @@ if [ -n "${TESTS:-}" ]; then
 fi
 if [ -n "${VS_PROBLEMS:-}" ]; then
   timeout ${VS_S:-200} python3 benchmarks/variant_speed.py $VS_PROBLEMS --variants $VS_VARIANTS --policy strict \
-    --rounds ${VS_ROUNDS:-10} --out $OUT/variant_speed.json > $OUT/variant_speed.log 2>&1
+    --rounds ${VS_ROUNDS:-10} ${VS_ARGS:-} --out $OUT/variant_speed.json > $OUT/variant_speed.log 2>&1
   echo "variant_speed rc $?"; tail -40 $OUT/variant_speed.log
 fi
 mkdir -p .device/bench

@@ -641,23 +641,6 @@ static void stitch_conv_direct(const float* x, const float* w, const float* bias
     stitch_conv_run<kT, 1>(x, w, bias, y, g, epi);
 }
 
-__TC__// One convolution (kT: transposed) with its epilogue: the depthwise kernel or the implicit GEMM where
-// they apply, the direct kernel otherwise. Each epilogue instantiates the kernels once more, so a program
-// builds only those it launches.
-template <bool kT, typename Epi>
-static void stitch_conv_with(const float* x, const float* w, const float* bias, float* y, const int64_t* geom,
-                             const Epi& epi) {
-  const ConvGeom g = conv_geom(geom);
-  if constexpr (!kT) {
-    if (stitch_conv_dw(x, w, bias, y, g, epi)) return;
-  }
-#ifdef STITCH_CONV_SM90
-  if (stitch_conv_tc_sm90(x, w, bias, y, geom, g, kT, epi)) return;
-#endif
-  if (stitch_conv_igemm<kT>(x, w, bias, y, g, epi)) return;
-  stitch_conv_direct<kT>(x, w, bias, y, g, epi);
-}
-
 // The epilogue over y in place, a pass of its own: element i of [N, CO, spatial...] (`image` elements an
 // image) stored yskip further per image.
 template <typename Epi>
@@ -670,13 +653,14 @@ __global__ void __launch_bounds__(256) stitch_conv_epi_pass(float* __restrict__ 
   }
 }
 
-// A convolution with its epilogue where the epilogue costs least (variant epilogue=auto): inside the stores
-// of the depthwise and direct kernels (memory-bound ones) and of Hopper's convolution (whose store is a pass
-// of its own anyway), but a pass of its own after the implicit GEMM, whose registers it crowds (measured
-// slower inside its store on the H200: stitch_conv_with is the variant epilogue=fused).
-template <bool kT, typename Epi>
-static void stitch_conv_tail(const float* x, const float* w, const float* bias, float* y, const int64_t* geom,
-                             const Epi& epi) {
+__TC__// One convolution (kT: transposed) with its epilogue: the depthwise kernel, Hopper's convolution or the
+// implicit GEMM where they apply, the direct kernel otherwise. The epilogue runs in their stores, but for
+// the implicit GEMM's where kInStore is false: a pass of its own after it then, since it crowds that
+// kernel's registers (measured slower inside its store on the H200). Each epilogue instantiates the kernels
+// once more, so a program builds only those it launches.
+template <bool kT, bool kInStore, typename Epi>
+static void stitch_conv_run_with(const float* x, const float* w, const float* bias, float* y,
+                                 const int64_t* geom, const Epi& epi) {
   const ConvGeom g = conv_geom(geom);
   if constexpr (!kT) {
     if (stitch_conv_dw(x, w, bias, y, g, epi)) return;
@@ -684,7 +668,9 @@ static void stitch_conv_tail(const float* x, const float* w, const float* bias, 
 #ifdef STITCH_CONV_SM90
   if (stitch_conv_tc_sm90(x, w, bias, y, geom, g, kT, epi)) return;
 #endif
-  if (stitch_conv_igemm<kT>(x, w, bias, y, g, StitchNoEpi{})) {
+  if constexpr (kInStore) {
+    if (stitch_conv_igemm<kT>(x, w, bias, y, g, epi)) return;
+  } else if (stitch_conv_igemm<kT>(x, w, bias, y, g, StitchNoEpi{})) {
     const int64_t image = g.co * g.out[0] * g.out[1] * g.out[2], n = g.n * image;
     const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((n + 255) / 256, sm_count() * 16LL));
     stitch_conv_epi_pass<Epi><<<blocks, 256, 0, stitch::current_stream()>>>(y, n, image, g.yskip, epi);
@@ -692,6 +678,22 @@ static void stitch_conv_tail(const float* x, const float* w, const float* bias, 
     return;
   }
   stitch_conv_direct<kT>(x, w, bias, y, g, epi);
+}
+
+// The epilogue in every store (variant epilogue=fused, and the plain convolution's StitchNoEpi).
+template <bool kT, typename Epi>
+static void stitch_conv_with(const float* x, const float* w, const float* bias, float* y, const int64_t* geom,
+                             const Epi& epi) {
+  stitch_conv_run_with<kT, true>(x, w, bias, y, geom, epi);
+}
+
+// The epilogue where it costs least (variant epilogue=auto): in the stores of the depthwise and direct
+// kernels (memory-bound ones) and of Hopper's convolution (whose store is a pass of its own anyway), a pass
+// after the implicit GEMM.
+template <bool kT, typename Epi>
+static void stitch_conv_tail(const float* x, const float* w, const float* bias, float* y, const int64_t* geom,
+                             const Epi& epi) {
+  stitch_conv_run_with<kT, false>(x, w, bias, y, geom, epi);
 }
 """.replace("__WEIGHT__", _WEIGHT)
 

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+from test_coder_conv_epilogue import forward_of, program
 from test_coder_cuda_build import NVCC, assert_program_compiles
 from test_coder_custom_conv import problem
 
@@ -20,72 +21,44 @@ from stitchcuda.shared.candidate import write_dir
 from stitchcuda.shared.policy import LIBRARY, STRICT, KernelPolicy
 from stitchcuda.verifier import static
 
+
+def module(layers: dict[str, str], body: list[str], inputs: str) -> str:
+    """A KernelBench-format reference: `layers` by attribute name, `body` the forward's statements."""
+    init = "".join(f"        self.{name} = {layer}\n" for name, layer in layers.items())
+    forward = "".join(f"        {line}\n" for line in body)
+    return (
+        "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n"
+        f"    def __init__(self):\n        super().__init__()\n{init}\n    def forward(self, x):\n{forward}\n"
+        f"def get_inputs():\n    return {inputs}\n\ndef get_init_inputs():\n    return []\n"
+    )
+
+
 # A fire module: a squeeze convolution read by two expand convolutions (not a cat's part), whose activated
 # outputs are concatenated; a dense layer's cat of its input with a new feature map.
-FIRE = """import torch
-import torch.nn as nn
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.squeeze = nn.Conv2d(5, 6, 1)
-        self.expand1x1 = nn.Conv2d(6, 16, 1)
-        self.expand3x3 = nn.Conv2d(6, 24, 3, padding=1)
-
-    def forward(self, x):
-        s = torch.relu(self.squeeze(x))
-        return torch.cat([torch.relu(self.expand1x1(s)), torch.relu(self.expand3x3(s))], 1)
-
-def get_inputs():
-    return [torch.randn(2, 5, 9, 10)]
-
-def get_init_inputs():
-    return []
-"""
+FIRE = module(
+    {"squeeze": "nn.Conv2d(5, 6, 1)", "expand1x1": "nn.Conv2d(6, 16, 1)",
+     "expand3x3": "nn.Conv2d(6, 24, 3, padding=1)"},
+    ["s = torch.relu(self.squeeze(x))",
+     "return torch.cat([torch.relu(self.expand1x1(s)), torch.relu(self.expand3x3(s))], 1)"],
+    "[torch.randn(2, 5, 9, 10)]",
+)  # fmt: skip
 DENSE = problem(
     ["nn.Conv2d(8, 4, 3, padding=1)"],
     "torch.cat([x, self.l0(x)], dim=1)",
     "[torch.randn(2, 8, 7, 6)]",
 )
 # Parts another step reads too, a cat along the width, and a convolution that is the program's output.
-SHARED = """import torch
-import torch.nn as nn
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.l0 = nn.Conv2d(3, 4, 1)
-        self.l1 = nn.Conv2d(3, 4, 1)
-
-    def forward(self, x):
-        a = self.l0(x)
-        b = torch.sigmoid(self.l1(x))
-        c = self.l1(x)
-        return torch.cat([a, b], 1) * a.mean() + b.sum(), torch.cat([c, c * 2], 3), c
-
-def get_inputs():
-    return [torch.randn(2, 3, 5, 6)]
-
-def get_init_inputs():
-    return []
-"""
+SHARED = module(
+    {"l0": "nn.Conv2d(3, 4, 1)", "l1": "nn.Conv2d(3, 4, 1)"},
+    ["a = self.l0(x)", "b = torch.sigmoid(self.l1(x))", "c = self.l1(x)",
+     "return torch.cat([a, b], 1) * a.mean() + b.sum(), torch.cat([c, c * 2], 3), c"],
+    "[torch.randn(2, 3, 5, 6)]",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def synth() -> Synthesizer:
     return Synthesizer(in_process=True)  # the references above are this test's own
-
-
-def program(synth: Synthesizer, source: str, device: str = "cuda", **variant: str) -> dict[str, str]:
-    synthesis = synth.synthesize(
-        source, None, variant=Variant(**variant), device=device, policy=KernelPolicy(STRICT)
-    )
-    return dict(synthesis.files)
-
-
-def forward_of(files: dict[str, str]) -> str:
-    host = files["forward.cpp"]
-    return host[host.rindex(" forward(") :]
 
 
 def test_both_expand_convolutions_write_their_channels_of_the_cat(synth: Synthesizer) -> None:

@@ -100,12 +100,12 @@ def test_by_default_a_convolution_takes_its_epilogue_where_it_costs_least(synth:
     assert "stitch_conv_with<true>(lx" not in kernels and "stitch_conv_with<false>(lx" not in kernels
     # The pass after the implicit GEMM reads back what it stored; the others apply it in their stores.
     tail = kernels[kernels.index("static void stitch_conv_tail(") :]
-    tail = tail[: tail.index("\n}\n")]
-    assert "stitch_conv_igemm<kT>(x, w, bias, y, g, StitchNoEpi{})" in tail
-    assert (
-        "stitch_conv_epi_pass<Epi><<<" in tail
-        and "stitch_conv_tc_sm90(x, w, bias, y, geom, g, kT, epi)" in tail
-    )
+    assert "stitch_conv_run_with<kT, false>(x, w, bias, y, geom, epi);" in tail[: tail.index("\n}\n")]
+    run = kernels[kernels.index("static void stitch_conv_run_with(") :]
+    run = run[: run.index("\n}\n")]
+    assert "} else if (stitch_conv_igemm<kT>(x, w, bias, y, g, StitchNoEpi{})) {" in run
+    assert "stitch_conv_epi_pass<Epi><<<" in run
+    assert "stitch_conv_tc_sm90(x, w, bias, y, geom, g, kT, epi)" in run
 
 
 @pytest.mark.parametrize(

@@ -331,10 +331,16 @@ def test_tensor_core_products_need_the_residual_terms_for_float32_accuracy(tmp_p
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tensor_cores", [False, True], ids=["simt", "3xtf32"])
-def test_the_epilogue_runs_in_the_store_at_each_elements_flat_index(ext: Any, tensor_cores: bool) -> None:
+@pytest.mark.parametrize("into", [None, (False, 3), (True, 0)], ids=["own-output", "cat-32bit", "cat-64bit"])
+def test_the_epilogue_runs_in_the_store_at_each_elements_flat_index(
+    ext: Any, tensor_cores: bool, into: tuple[bool, int] | None
+) -> None:
     """A program's pointwise kernel over the convolution's output runs inside the convolution's store: each
     output element, bias included, goes through the epilogue with its own flat index in y (a residual read
-    there lands on the right element), for plain and transposed convolutions, every output phase."""
+    there lands on the right element), for plain and transposed convolutions, every output phase. `into`
+    (64-bit index math, first channel): the convolution writes its slice of a concatenation 5 channels wider
+    (images farther apart than CO planes), the epilogue still at the element's index in the convolution's
+    own output."""
     torch.manual_seed(3)
     cases = [
         (xs, ws, stride, pad, None, dil, groups, bias)
@@ -348,36 +354,12 @@ def test_the_epilogue_runs_in_the_store_at_each_elements_flat_index(ext: Any, te
         plain = conv_on_cpu(ext, x, w, b, stride, pad, dil, groups, tn=4, wide=False, tensor_cores=tensor_cores,
                             out_pad=out_pad)  # fmt: skip
         residual = torch.randn(plain.shape)
-        got = conv_on_cpu(ext, x, w, b, stride, pad, dil, groups, tn=8, wide=True, tensor_cores=tensor_cores,
-                          out_pad=out_pad, residual=residual)  # fmt: skip
+        wide, offset = into if into is not None else (True, 0)
+        got = conv_on_cpu(ext, x, w, b, stride, pad, dil, groups, tn=8, wide=wide, tensor_cores=tensor_cores,
+                          out_pad=out_pad, residual=residual,
+                          into=(co + 5, offset) if into is not None else (0, 0))  # fmt: skip
+        if into is not None:
+            assert got.shape == (plain.shape[0], co + 5, *plain.shape[2:])
+            got = got[:, offset : offset + co]
         want = torch.tanh(plain.double()) * 0.5 + residual.double()
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("tensor_cores", [False, True], ids=["simt", "3xtf32"])
-def test_a_convolution_writes_its_slice_of_a_concatenation(ext: Any, tensor_cores: bool) -> None:
-    """Into channels [offset, offset + CO) of a wider concatenation (images farther apart than CO planes):
-    every output phase stores there, in 32- and 64-bit index math, and the epilogue still sees each element's
-    flat index in the convolution's own output (a residual read there lands on the right element)."""
-    torch.manual_seed(5)
-    cases = [
-        (xs, ws, stride, pad, None, dil, groups, bias)
-        for xs, ws, stride, pad, dil, groups, bias in GEOMETRIES[:2]
-    ]
-    cases += TRANSPOSED[:1]
-    for xs, ws, stride, pad, out_pad, dil, groups, has_bias in cases:
-        x, w = torch.randn(xs), torch.randn(ws)
-        co = ws[1] * groups if out_pad is not None else ws[0]
-        b = torch.randn(co) if has_bias else None
-        plain = conv_on_cpu(ext, x, w, b, stride, pad, dil, groups, tn=4, wide=False, tensor_cores=tensor_cores,
-                            out_pad=out_pad)  # fmt: skip
-        residual = torch.randn(plain.shape)
-        for wide, offset in ((False, 3), (True, 0)):
-            whole = conv_on_cpu(ext, x, w, b, stride, pad, dil, groups, tn=8, wide=wide,
-                                tensor_cores=tensor_cores, out_pad=out_pad, residual=residual,
-                                into=(co + 5, offset))  # fmt: skip
-            assert whole.shape == (plain.shape[0], co + 5, *plain.shape[2:])
-            want = torch.tanh(plain.double()) * 0.5 + residual.double()
-            got = whole[:, offset : offset + co]
-            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
