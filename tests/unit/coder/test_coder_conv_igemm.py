@@ -155,7 +155,7 @@ at::Tensor stitch_conv_tn(const at::Tensor& x, const at::Tensor& w, const c10::o
   if (channels == 0) return stitch_conv(x, w, bias, stride, pad, pad, dil, out_pad, groups, transposed);
   // Into channels [offset, offset + CO) of a concatenation `channels` wide: the whole buffer back.
   StitchCatInto into{channels, at::Tensor()};
-  stitch_conv(x, w, bias, stride, pad, pad, dil, out_pad, groups, transposed, &into, offset);
+  stitch_conv_to(x, w, bias, stride, pad, pad, dil, out_pad, groups, transposed, &into, offset);
   return into.buf;
 }
 """
